@@ -1,0 +1,1 @@
+"""Caching accelerators: diffusers' built-in caches as peers (and, later, Map-Guided Caching)."""

@@ -1,0 +1,287 @@
+"""The ``kinegen`` command line: generate, models, profile.
+
+Every user error (bad size, unknown model or accelerator, unwritable output...) prints one
+``error:`` paragraph saying what to do and exits with status 2; no partial output file is
+left behind. Heavy imports happen inside the commands so that ``kinegen --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+from . import __version__
+from .errors import KinegenError
+
+EPILOG_ACCEL = (
+    "Accelerators are given as NAME[:key=value,...]; `kinegen models --accelerators` lists them with "
+    "their keys and defaults."
+)
+
+
+# ---------------------------------------------------------------------------- argument groups
+
+
+def _add_generation_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("generation settings (default: the model's own)")
+    g.add_argument("--height", type=int, help="output height in pixels (a multiple of the model's factor, usually 16)")
+    g.add_argument("--width", type=int, help="output width in pixels (a multiple of the model's factor, usually 16)")
+    g.add_argument("--frames", type=int, help="frames for video models, of the form 4k+1 (e.g. 9, 17, 81)")
+    g.add_argument("--steps", type=int, help="denoising steps (1-1000)")
+    g.add_argument("--guidance", type=float,
+                   help="guidance scale: classifier-free guidance for Wan/CogVideoX, embedded guidance for "
+                        "FLUX/HunyuanVideo")
+    g.add_argument("--negative-prompt", metavar="P", help="what to steer away from (CFG models; FLUX/HunyuanVideo "
+                                                          "also need --true-cfg-scale above 1)")
+    g.add_argument("--true-cfg-scale", type=float, metavar="S",
+                   help="true classifier-free guidance for guidance-distilled models (FLUX, HunyuanVideo)")
+    g.add_argument("--image", metavar="PATH", help="input image for editing models (FLUX Kontext)")
+
+
+def _add_loading_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model loading")
+    g.add_argument("--model", "-m", metavar="M",
+                   help="registry name (see `kinegen models`), local diffusers folder or hub id (default: %(default)s)")
+    g.add_argument("--device", default="auto", help="cuda, cpu, mps or auto (default: %(default)s)")
+    g.add_argument("--dtype", default="auto", help="bf16, fp16, fp32 or auto: bf16 on CUDA, fp32 on CPU "
+                                                   "(default: %(default)s)")
+    g.add_argument("--cpu-offload", choices=["model", "sequential"],
+                   help="keep weights on the CPU and move components (model) or submodules (sequential) to the "
+                        "GPU only while they run")
+    g.add_argument("--vae-tiling", action="store_true", help="decode the VAE in tiles to save memory")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .registry import DEFAULT_MODEL
+
+    parser = argparse.ArgumentParser(
+        prog="kinegen", description="Fast video and image generation on diffusers pipelines.",
+        epilog="Run `kinegen COMMAND --help` for a command's flags.",
+    )
+    parser.add_argument("--version", action="version", version=f"kinegen {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    gen = sub.add_parser(
+        "generate", help="generate a video (mp4) or image (png) from a prompt",
+        description="Generate a video (mp4) or image (png) from a prompt, with optional accelerators.",
+        epilog=EPILOG_ACCEL + " Example: kinegen generate \"a red circle moving right\" --cache first-block:threshold=0.08",
+    )
+    gen.add_argument("prompt", help="what to generate")
+    gen.add_argument("--output", "-o", metavar="FILE",
+                     help="output file: .mp4 for video models, .png/.jpg/.webp for image models "
+                          "(default: a name made from the prompt and seed, in the current folder)")
+    gen.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    gen.add_argument("--cache", metavar="NAME[:k=v,...]",
+                     help="a caching accelerator: first-block, taylorseer, mag, pab, faster (see `kinegen models "
+                          "--accelerators`)")
+    gen.add_argument("--json", action="store_true", help="print the timing summary as JSON")
+    _add_generation_flags(gen)
+    _add_loading_flags(gen)
+    gen.set_defaults(func=cmd_generate, model=DEFAULT_MODEL)
+
+    mod = sub.add_parser("models", help="list registered models and which are available locally",
+                         description="List registered models, where their weights come from and whether they are "
+                                     "available on this machine (bundled, built in code, in $KINEGEN_MODELS_DIR or "
+                                     "the Hugging Face cache).")
+    mod.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    mod.add_argument("--accelerators", action="store_true", help="list the registered accelerators and their keys")
+    mod.set_defaults(func=cmd_models)
+
+    prof = sub.add_parser(
+        "profile", help="compare accelerator configurations against the dense baseline",
+        description="Run the dense baseline and each --config on the same prompts and seeds (warm-up, then "
+                    "interleaved repeats); report latency, transformer time, speedup, peak memory and fidelity "
+                    "(PSNR, SSIM) against dense. Writes DIR/report.json, DIR/report.md, DIR/speedup_vs_psnr.png, "
+                    "DIR/latency.png and a side-by-side video (or image) of the outputs.",
+        epilog=EPILOG_ACCEL + " Join accelerators with '+' to combine them in one configuration; 'dense' times "
+               "the baseline against itself.",
+    )
+    prof.add_argument("--prompt", "-p", action="append", required=True, metavar="P",
+                      help="a prompt (repeat for several)")
+    prof.add_argument("--config", "-c", action="append", required=True, metavar="NAME[:k=v,...]",
+                      help="a configuration to compare (repeat for several)")
+    prof.add_argument("--seeds", type=int, default=1, metavar="N", help="seeds 0..N-1 per prompt (default: %(default)s)")
+    prof.add_argument("--repeats", type=int, default=3, metavar="N",
+                      help="timed runs per configuration and request (default: %(default)s)")
+    prof.add_argument("--warmup", type=int, default=1, metavar="N",
+                      help="untimed runs per configuration first (default: %(default)s)")
+    prof.add_argument("--output", "-o", required=True, metavar="DIR", help="folder for the report")
+    _add_generation_flags(prof)
+    _add_loading_flags(prof)
+    prof.set_defaults(func=cmd_profile, model=DEFAULT_MODEL)
+    return parser
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _request_fields(args) -> dict:
+    return dict(negative_prompt=args.negative_prompt, height=args.height, width=args.width, frames=args.frames,
+                steps=args.steps, guidance=args.guidance, true_cfg_scale=args.true_cfg_scale, image=args.image)
+
+
+def _load(args):
+    from .loading import load_pipeline
+
+    t0 = time.perf_counter()
+    pipe = load_pipeline(args.model, device=args.device, dtype=args.dtype, cpu_offload=args.cpu_offload or False,
+                         vae_tiling=args.vae_tiling)
+    return pipe, time.perf_counter() - t0
+
+
+def _note_for(spec) -> str | None:
+    if spec.builder is not None:
+        return (f"note: {spec.name} is a tiny model with random weights built in code: it tests the pipeline end to "
+                "end, and its output is noise. Pass --model with a real checkpoint for real videos.")
+    return None
+
+
+def _default_output(prompt: str, seed: int, kind: str) -> Path:
+    slug = re.sub(r"[^a-z0-9]+", "-", prompt.lower()).strip("-")[:48] or "output"
+    return Path(f"{slug}-seed{seed}.{'mp4' if kind == 'video' else 'png'}")
+
+
+def _check_cache_spec(spec: str | None):
+    if spec is None:
+        return ()
+    from .accelerate import list_accelerators, parse_spec
+    from .errors import ConfigError
+
+    acc, _ = parse_spec(spec)
+    if acc.kind != "cache":
+        names = ", ".join(a.name for a in list_accelerators("cache"))
+        raise ConfigError(f"--cache takes a caching accelerator ({names}); {acc.name} is a {acc.kind} accelerator.")
+    return (spec,)
+
+
+# ---------------------------------------------------------------------------- commands
+
+
+def cmd_generate(args) -> int:
+    from .generation import GenerationRequest, check_request_basics, generate
+    from .loading import resolve_model
+    from .media import check_output_path
+
+    request = GenerationRequest(prompt=args.prompt, seed=args.seed, **_request_fields(args))
+    check_request_basics(request)
+    accelerators = _check_cache_spec(args.cache)
+    spec = resolve_model(args.model).spec
+    output = Path(args.output) if args.output else _default_output(args.prompt, args.seed, spec.kind)
+    if spec.kind:
+        check_output_path(output, spec.kind)
+    note = _note_for(spec)
+    if note:
+        print(note, file=sys.stderr)
+    pipe, load_s = _load(args)
+    spec = pipe.kinegen_spec
+    output = check_output_path(output, spec.kind)
+    pipe.set_progress_bar_config(leave=False, disable=None)
+    result = generate(pipe, request, accelerators=accelerators)
+    t0 = time.perf_counter()
+    result.save(output)
+    write_s = time.perf_counter() - t0
+    t = result.timings
+    r = result.request
+    summary = {
+        "output": str(output), "model": spec.name, "kind": result.kind, "frames": int(result.frames.shape[0]),
+        "height": r.height, "width": r.width, "steps": r.steps, "guidance": r.guidance, "seed": r.seed,
+        "timings_s": {"load": load_s, **{k: v for k, v in t.items() if k != "transformer_calls"}, "write": write_s},
+        "transformer_calls": t["transformer_calls"], "accelerators": result.accelerators,
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+        return 0
+    what = f"{summary['frames']} frames, " if result.kind == "video" else ""
+    print(f"wrote {output} ({what}{r.width}x{r.height}, {r.steps} steps, seed {r.seed})")
+    print(f"time: load {load_s:.2f} s | text encoder {t['text_encoder']:.2f} s | transformer {t['transformer']:.2f} s "
+          f"({t['transformer_calls']} calls) | VAE decode {t['vae_decode']:.2f} s | other {t['other']:.2f} s | "
+          f"generation total {t['total']:.2f} s | write {write_s:.2f} s")
+    for st in result.accelerators:
+        extra = {k: v for k, v in st.items() if k not in ("name", "config")}
+        print(f"accelerator {st['name']}: {st['config']}" + (f" {extra}" if extra else ""))
+    return 0
+
+
+def cmd_models(args) -> int:
+    if args.accelerators:
+        import dataclasses
+
+        from .accelerate import list_accelerators
+
+        rows = []
+        for acc in list_accelerators():
+            keys = {f.name: f.default for f in dataclasses.fields(acc.config_cls)}
+            rows.append({"name": acc.name, "kind": acc.kind, "summary": acc.summary, "keys": keys})
+        if args.json:
+            print(json.dumps(rows, indent=2, default=str))
+        else:
+            for r in rows:
+                keys = ", ".join(f"{k}={v}" for k, v in r["keys"].items())
+                print(f"{r['name']:<12} {r['kind']:<9} {r['summary']}\n{'':<22}keys: {keys}")
+        return 0
+    from .loading import describe_models
+    from .registry import DEFAULT_MODEL
+
+    rows = describe_models()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'name':<20} {'kind':<6} {'family':<14} {'local':<6} source")
+    for r in rows:
+        default = " (default)" if r["name"] == DEFAULT_MODEL else ""
+        size = f"  [{r['size']}]" if r["size"] and not r["available"] else ""
+        print(f"{r['name']:<20} {r['kind']:<6} {r['family']:<14} {'yes' if r['available'] else 'no':<6} "
+              f"{r['source']}{default}{size}")
+    print("\nReal checkpoints load from $KINEGEN_MODELS_DIR/<name>, the Hugging Face cache, or any folder passed "
+          "to --model. Download one with `hf download <repo> --local-dir <folder>`.")
+    return 0
+
+
+def cmd_profile(args) -> int:
+    from .generation import GenerationRequest, check_request_basics
+    from .profiling.runner import parse_config, profile
+    from .profiling.report import markdown_table
+
+    fields = _request_fields(args)
+    for p in args.prompt:
+        check_request_basics(GenerationRequest(prompt=p, **fields))
+    configs = [parse_config(c) for c in args.config]
+    pipe, _ = _load(args)
+    note = _note_for(pipe.kinegen_spec)
+    if note:
+        print(note, file=sys.stderr)
+    pipe.set_progress_bar_config(disable=True)
+
+    def progress(done, total, label):
+        print(f"\r[{done}/{total}] {label:<40}", end="", file=sys.stderr, flush=True)
+
+    report = profile(pipe, args.prompt, configs, seeds=args.seeds, repeats=args.repeats, warmup=args.warmup,
+                     output_dir=args.output, progress=progress, **fields)
+    print(file=sys.stderr)
+    print(markdown_table(report))
+    print(f"report written to {args.output}/ (report.json, report.md, plots, side-by-side)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except KinegenError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Errors that Kinegen raises on bad input.
+
+Every error carries a message that says what went wrong *and what to do*. The CLI
+prints ``str(error)`` without a traceback and exits with status 2; the web UI shows
+it in the page. Anything else that escapes is a bug.
+"""
+
+from __future__ import annotations
+
+
+class KinegenError(Exception):
+    """Base class: a user-facing error with an actionable message."""
+
+
+class ModelNotFoundError(KinegenError):
+    """A model name, folder or hub id could not be resolved to a complete pipeline folder."""
+
+
+class IncompleteModelFolderError(ModelNotFoundError):
+    """A diffusers folder exists but lacks model_index.json or a component's files."""
+
+    def __init__(self, folder: str, missing: list[str], hint: str = ""):
+        self.folder = folder
+        self.missing = list(missing)
+        lines = [f"The model folder {folder} is incomplete; missing:"]
+        lines += [f"  - {m}" for m in self.missing]
+        if hint:
+            lines.append(hint)
+        super().__init__("\n".join(lines))
+
+
+class UnsupportedModelError(KinegenError):
+    """A transformer class has no model-family adapter."""
+
+
+class InvalidRequestError(KinegenError, ValueError):
+    """A generation request (size, frames, steps, prompt, output path, ...) is invalid."""
+
+
+class ConfigError(KinegenError, ValueError):
+    """An accelerator spec ``name:key=value,...`` names an unknown accelerator or key, or a bad value."""

@@ -1,0 +1,230 @@
+"""One generation: a validated request in, frames + timings + accelerator stats out.
+
+>>> pipe = kinegen.load_pipeline("tiny-wan")
+>>> result = kinegen.generate(pipe, "a red circle moving right", seed=0, accelerators=["first-block"])
+>>> result.save("out.mp4")
+
+The request is checked against what the loaded pipeline accepts *before* anything runs
+(sizes divisible by the VAE x patch factor, frame counts of the form k * 4 + 1, step and
+guidance ranges, prompt length), so a bad request fails in milliseconds with a message
+that names the nearest valid values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .accelerate import RunInfo, accelerate
+from .errors import InvalidRequestError
+from .registry import Family, ModelSpec, family_for_pipeline
+
+MAX_PROMPT_CHARS = 2000
+MAX_STEPS = 1000
+MAX_SIDE = 4096
+MAX_FRAMES = 1025
+
+
+@dataclasses.dataclass
+class GenerationRequest:
+    """Everything that decides one output. ``None`` fields take the model's defaults."""
+
+    prompt: str
+    negative_prompt: str | None = None
+    height: int | None = None
+    width: int | None = None
+    frames: int | None = None
+    steps: int | None = None
+    guidance: float | None = None
+    seed: int = 0
+    true_cfg_scale: float | None = None
+    image: Any = None  # input image for editing models (PIL.Image or a path)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["image"] = None if self.image is None else str(getattr(self.image, "filename", "") or "<image>")
+        return d
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    """Frames ``[F, H, W, 3]`` float32 in [0, 1] (F = 1 for images), with what produced them."""
+
+    frames: np.ndarray
+    kind: str
+    fps: int
+    request: GenerationRequest
+    timings: dict[str, float]
+    accelerators: list[dict[str, Any]]
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write an mp4 (video) or an image file, atomically."""
+        from .media import check_output_path, write_output
+
+        path = check_output_path(path, self.kind)
+        return write_output(path, self.frames, self.kind, fps=self.fps)
+
+
+def _nearest_multiples(value: int, multiple: int) -> str:
+    lo = max(multiple, value // multiple * multiple)
+    hi = lo + multiple
+    return f"{lo} or {hi}" if lo != value else str(lo)
+
+
+def _spec_of(pipe) -> ModelSpec:
+    spec = getattr(pipe, "kinegen_spec", None)
+    if spec is None:
+        raise InvalidRequestError("This pipeline was not loaded with kinegen.load_pipeline(); pass it through "
+                                  "load_pipeline or set `pipe.kinegen_spec` to a ModelSpec for its defaults.")
+    return spec
+
+
+def check_request_basics(request: GenerationRequest) -> None:
+    """The checks that need no loaded model (prompt, steps, guidance, seed, frame range); cheap, so the
+    CLI runs them before loading weights."""
+    r = request
+    if not isinstance(r.prompt, str) or not r.prompt.strip():
+        raise InvalidRequestError("The prompt is empty; describe what to generate, e.g. \"a red circle moving right\".")
+    if len(r.prompt) > MAX_PROMPT_CHARS:
+        raise InvalidRequestError(f"The prompt has {len(r.prompt)} characters; the limit is {MAX_PROMPT_CHARS}.")
+    if r.negative_prompt is not None and len(r.negative_prompt) > MAX_PROMPT_CHARS:
+        raise InvalidRequestError(f"The negative prompt is longer than {MAX_PROMPT_CHARS} characters.")
+    if r.steps is not None and (not _is_int(r.steps) or not 1 <= r.steps <= MAX_STEPS):
+        raise InvalidRequestError(f"steps must be an integer between 1 and {MAX_STEPS}; got {r.steps!r}.")
+    if r.frames is not None and (not _is_int(r.frames) or not 1 <= r.frames <= MAX_FRAMES):
+        raise InvalidRequestError(f"frames must be an integer between 1 and {MAX_FRAMES}; got {r.frames!r}.")
+    for name in ("height", "width"):
+        v = getattr(r, name)
+        if v is not None and (not _is_int(v) or not 1 <= v <= MAX_SIDE):
+            raise InvalidRequestError(f"{name} must be a positive integer up to {MAX_SIDE}; got {v!r}.")
+    for name in ("guidance", "true_cfg_scale"):
+        v = getattr(r, name)
+        if v is not None and (not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= 100):
+            raise InvalidRequestError(f"{name} must be a number between 0 and 100; got {v!r}.")
+    if not _is_int(r.seed) or not 0 <= r.seed < 2**63:
+        raise InvalidRequestError(f"seed must be an integer between 0 and 2**63 - 1; got {r.seed!r}.")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def resolve_request(pipe, request: GenerationRequest) -> GenerationRequest:
+    """Fill defaults from the model spec and validate every field; raises InvalidRequestError."""
+    spec = _spec_of(pipe)
+    family = family_for_pipeline(pipe)
+    check_request_basics(request)
+    r = dataclasses.replace(request)
+    r.height = spec.height if r.height is None else r.height
+    r.width = spec.width if r.width is None else r.width
+    r.steps = spec.steps if r.steps is None else r.steps
+    r.guidance = spec.guidance if r.guidance is None else r.guidance
+    m = family.spatial_multiple(pipe)
+    for name in ("height", "width"):
+        v = getattr(r, name)
+        if v < m:
+            raise InvalidRequestError(f"{name} must be at least {m} for {spec.name}; got {v}.")
+        if v % m:
+            raise InvalidRequestError(
+                f"{name} {v} is not a multiple of {m} (the VAE's downsampling times the transformer's patch size "
+                f"for {spec.name}); try {_nearest_multiples(v, m)}.")
+    if family.kind == "video":
+        r.frames = spec.frames if r.frames is None else r.frames
+        t = family.temporal_factor(pipe)
+        if (r.frames - 1) % t:
+            lo = (r.frames - 1) // t * t + 1
+            raise InvalidRequestError(
+                f"{spec.name} takes frame counts of the form {t}k + 1 (set by how its VAE compresses time); "
+                f"{r.frames} is not one. Try {lo} or {lo + t}.")
+    elif r.frames not in (None, 1):
+        raise InvalidRequestError(f"{spec.name} generates images; drop --frames (got {r.frames}).")
+    else:
+        r.frames = 1
+    if r.true_cfg_scale is not None and family.cfg_mode != "distilled":
+        raise InvalidRequestError(f"true_cfg_scale applies to guidance-distilled models (FLUX, HunyuanVideo); "
+                                  f"for {spec.name} use --guidance.")
+    if r.image is not None:
+        if not family.takes_image:
+            raise InvalidRequestError(f"{spec.name} does not take an input image; drop --image.")
+        r.image = _load_image(r.image)
+    return r
+
+
+def _load_image(image):
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(image, Image.Image):
+        return image.convert("RGB")
+    path = Path(image)
+    if not path.is_file():
+        raise InvalidRequestError(f"Input image {path} does not exist.")
+    try:
+        with Image.open(path) as im:
+            if im.width * im.height > 4096 * 4096:
+                raise InvalidRequestError(f"Input image {path} is larger than 4096x4096 pixels.")
+            return im.convert("RGB")
+    except UnidentifiedImageError:
+        raise InvalidRequestError(f"{path} is not an image file Pillow can read.") from None
+
+
+def pipeline_kwargs(pipe, request: GenerationRequest) -> dict[str, Any]:
+    """Keyword arguments for ``pipe(...)`` from a resolved request (a fresh seeded generator included)."""
+    spec = _spec_of(pipe)
+    family: Family = family_for_pipeline(pipe)
+    kw = dict(spec.call_defaults)
+    kw.update(family.call_kwargs(request))
+    kw["generator"] = torch.Generator(device="cpu").manual_seed(int(request.seed))
+    return kw
+
+
+def run_pipeline(pipe, kwargs: dict[str, Any]) -> np.ndarray:
+    """Call the pipeline and return frames ``[F, H, W, 3]`` float32 (the first output of the batch)."""
+    out = pipe(**kwargs)
+    frames = out.frames if hasattr(out, "frames") else out.images
+    frames = np.asarray(frames[0], dtype=np.float32)
+    return frames[None] if frames.ndim == 3 else frames
+
+
+def generate(pipe, prompt: str | GenerationRequest, *, accelerators=(), step_callback=None,
+             **fields) -> GenerationResult:
+    """Generate one video or image.
+
+    Args:
+        pipe: a pipeline from :func:`kinegen.load_pipeline`.
+        prompt: the prompt, or a full :class:`GenerationRequest`.
+        accelerators: specs (``"first-block:threshold=0.08"``) or config objects; applied for this
+            call only and removed afterwards.
+        step_callback: ``fn(step_index, num_steps, latents)`` after each denoising step.
+        **fields: any :class:`GenerationRequest` field (height, width, frames, steps, guidance, seed, ...).
+    """
+    from .profiling.timing import StageTimer
+
+    request = prompt if isinstance(prompt, GenerationRequest) else GenerationRequest(prompt=prompt, **fields)
+    request = resolve_request(pipe, request)
+    kwargs = pipeline_kwargs(pipe, request)
+    if step_callback is not None:
+        def on_step_end(_pipe, i, _t, tensors):
+            step_callback(i, request.steps, tensors.get("latents"))
+            return {}
+
+        kwargs["callback_on_step_end"] = on_step_end
+    run = RunInfo(num_inference_steps=request.steps, model_key=_spec_of(pipe).name,
+                  guidance_calls=family_for_pipeline(pipe).guidance_calls(request),
+                  dense_call=lambda: run_pipeline(pipe, pipeline_kwargs(pipe, request)))
+    handles = accelerate(pipe, *accelerators, run=run)
+    try:
+        with StageTimer(pipe) as timer:
+            frames = run_pipeline(pipe, kwargs)
+        stats = [h.stats() for h in handles]
+    finally:
+        for h in reversed(handles):
+            h.remove()
+    spec = _spec_of(pipe)
+    return GenerationResult(frames=frames, kind=family_for_pipeline(pipe).kind, fps=spec.fps, request=request,
+                            timings=timer.summary(), accelerators=stats)

@@ -1,0 +1,356 @@
+"""Resolve a model name, folder or hub id to a loaded diffusers pipeline.
+
+``load_pipeline`` checks a folder *before* handing it to diffusers, so a missing
+component is reported by name with the command that fetches it, instead of a deep
+traceback from ``from_pretrained``. Device and dtype default to CUDA + bf16 where a GPU
+is present and CPU + fp32 otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import IncompleteModelFolderError, KinegenError, ModelNotFoundError
+from .registry import FAMILIES, MODELS, PIPELINE_CLASS_TO_FAMILY, ModelSpec, get_model_spec
+
+ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
+MODELS_DIR_ENV = "KINEGEN_MODELS_DIR"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "spiece.model", "vocab.json", "tokenizer.model")
+
+
+# ---------------------------------------------------------------------------- device and dtype
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+}
+
+
+def pick_device(device: str | torch.device | None = None) -> torch.device:
+    """The requested device, else CUDA, else MPS, else CPU."""
+    if device is not None and str(device) != "auto":
+        dev = torch.device(device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise KinegenError("--device cuda was requested but no CUDA GPU is visible to torch.")
+        return dev
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def pick_dtype(device: torch.device, dtype: str | torch.dtype | None = None) -> torch.dtype:
+    """The requested dtype, else bf16 on CUDA (fp16 where bf16 is unsupported), fp16 on MPS, fp32 on CPU."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is not None and dtype != "auto":
+        try:
+            return _DTYPES[str(dtype).lower()]
+        except KeyError:
+            raise KinegenError(f"Unknown dtype {dtype!r}; use one of: auto, {', '.join(_DTYPES)}.") from None
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "mps":
+        return torch.float16
+    return torch.float32
+
+
+# ---------------------------------------------------------------------------- folder checks
+
+
+def _has_weights(folder: Path) -> tuple[bool, str]:
+    """Whether a component folder holds safetensors weights (sharded or not); a reason if not."""
+    for index in folder.glob("*.safetensors.index.json"):
+        shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
+        absent = sorted(s for s in shards if not (folder / s).is_file())
+        if absent:
+            return False, f"shards listed in {index.name}: {', '.join(absent)}"
+        return True, ""
+    if any(folder.glob("*.safetensors")):
+        return True, ""
+    if any(folder.glob("*.bin")) or any(folder.glob("*.pt")) or any(folder.glob("*.ckpt")):
+        return False, "safetensors weights (only pickle .bin/.pt files found; Kinegen loads safetensors only)"
+    return False, "weights (*.safetensors)"
+
+
+def check_model_folder(folder: str | os.PathLike) -> list[str]:
+    """Every file or folder a diffusers pipeline folder lacks, as readable strings (empty if complete)."""
+    folder = Path(folder)
+    index_path = folder / "model_index.json"
+    if not index_path.is_file():
+        return ["model_index.json"]
+    try:
+        index = json.loads(index_path.read_text())
+    except json.JSONDecodeError as e:
+        return [f"a valid model_index.json ({e})"]
+    missing: list[str] = []
+    for comp, value in index.items():
+        if comp.startswith("_") or not isinstance(value, list) or len(value) != 2 or value[0] is None:
+            continue
+        lib, cls = value
+        sub = folder / comp
+        if not sub.is_dir():
+            missing.append(f"{comp}/ ({lib}.{cls})")
+            continue
+        if "Scheduler" in cls or comp.startswith("scheduler"):
+            needed = ["scheduler_config.json"]
+        elif "Tokenizer" in cls or comp.startswith("tokenizer"):
+            if not any((sub / f).is_file() for f in _TOKENIZER_FILES):
+                missing.append(f"{comp}/ tokenizer files (one of {', '.join(_TOKENIZER_FILES)})")
+            continue
+        elif "Processor" in cls or "FeatureExtractor" in cls:
+            needed = ["preprocessor_config.json"]
+        else:
+            needed = ["config.json"]
+            ok, what = _has_weights(sub)
+            if not ok:
+                missing.append(f"{comp}/ {what}")
+        missing += [f"{comp}/{name}" for name in needed if not (sub / name).is_file()]
+    return missing
+
+
+def read_pipeline_class(folder: str | os.PathLike) -> str:
+    return json.loads((Path(folder) / "model_index.json").read_text()).get("_class_name", "?")
+
+
+# ---------------------------------------------------------------------------- resolution
+
+
+@dataclasses.dataclass
+class ResolvedModel:
+    """Where a model's weights come from."""
+
+    spec: ModelSpec
+    folder: Path | None = None  # a complete local diffusers folder
+    repo_id: str | None = None  # a hub id still to be fetched
+    key: str = ""  # what identifies it in the pipeline cache
+
+
+def _download_hint(repo_id: str, name: str | None = None) -> str:
+    target = f"./models/{name or repo_id.split('/')[-1]}"
+    return (
+        f"To get it: `hf download {repo_id} --local-dir {target}` on a machine with network, then pass "
+        f"`--model {target}` (or set {MODELS_DIR_ENV} to the folder that holds it)."
+    )
+
+
+def _spec_for_folder(folder: Path, name: str) -> ModelSpec:
+    cls = read_pipeline_class(folder)
+    family = PIPELINE_CLASS_TO_FAMILY.get(cls)
+    if family is None:
+        supported = ", ".join(sorted(PIPELINE_CLASS_TO_FAMILY))
+        raise ModelNotFoundError(
+            f"{folder} holds a {cls}, which Kinegen does not drive. Supported pipelines: {supported}."
+        )
+    # Defaults from the first registered hub model of the same family.
+    base = next((s for s in MODELS.values() if s.family == family and s.repo_id), None)
+    base = base or next(s for s in MODELS.values() if s.family == family)
+    return dataclasses.replace(base, name=name, description=f"local folder ({cls})", repo_id=None, builder=None,
+                               bundled=None, call_defaults={})
+
+
+def _local_copy(spec: ModelSpec) -> Path | None:
+    """A complete local copy of a registry model: $KINEGEN_MODELS_DIR/<name> or the hub cache."""
+    roots = [Path(p) for p in os.environ.get(MODELS_DIR_ENV, "").split(os.pathsep) if p]
+    for root in roots:
+        for cand in (root / spec.name, root / spec.repo_id.split("/")[-1]):
+            if (cand / "model_index.json").is_file():
+                return cand
+    try:
+        from huggingface_hub import snapshot_download
+
+        path = Path(snapshot_download(spec.repo_id, local_files_only=True))
+        return path if (path / "model_index.json").is_file() else None
+    except Exception:
+        return None
+
+
+def resolve_model(model: str | os.PathLike | None) -> ResolvedModel:
+    """Turn what the user typed into a :class:`ResolvedModel`, or raise with what to do."""
+    from .registry import DEFAULT_MODEL
+
+    model = DEFAULT_MODEL if model is None else model
+    text = os.fspath(model)
+    path = Path(text).expanduser()
+    if path.is_dir():
+        missing = check_model_folder(path)
+        if missing:
+            raise IncompleteModelFolderError(
+                str(path), missing,
+                "Copy the missing parts from the original checkpoint, or re-download it with "
+                "`hf download <owner/name> --local-dir <folder>`.",
+            )
+        return ResolvedModel(_spec_for_folder(path, path.name), folder=path.resolve(), key=str(path.resolve()))
+    if text in MODELS:
+        spec = get_model_spec(text)
+        if spec.builder is not None:
+            return ResolvedModel(spec, key=spec.name)
+        if spec.bundled is not None:
+            folder = ASSETS_DIR / "models" / spec.bundled
+            missing = check_model_folder(folder)
+            if missing:
+                raise IncompleteModelFolderError(
+                    str(folder), missing, "The bundled model ships with the repository: re-clone it or "
+                    "`git checkout -- assets/` (Git LFS is not used).")
+            return ResolvedModel(spec, folder=folder, key=spec.name)
+        local = _local_copy(spec)
+        if local is not None:
+            missing = check_model_folder(local)
+            if missing:
+                raise IncompleteModelFolderError(str(local), missing, _download_hint(spec.repo_id, spec.name))
+            return ResolvedModel(spec, folder=local, key=str(local))
+        return ResolvedModel(spec, repo_id=spec.repo_id, key=spec.repo_id)
+    if os.sep in text.rstrip(os.sep) and not _HUB_ID.match(text) or text.startswith((".", "~", "/")):
+        raise ModelNotFoundError(f"The folder {text} does not exist. Pass an existing diffusers folder, a hub id "
+                                 f"(owner/name) or a registered name ({', '.join(MODELS)}).")
+    if _HUB_ID.match(text):
+        spec = ModelSpec(text, "wan", f"hub model {text}", 0, 0, 0, 0.0, repo_id=text)  # family fixed on download
+        return ResolvedModel(spec, repo_id=text, key=text)
+    raise ModelNotFoundError(
+        f"Unknown model {text!r}. Registered models: {', '.join(MODELS)}. "
+        "You can also pass a local diffusers folder or a hub id (owner/name)."
+    )
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+
+
+def fetch_from_hub(repo_id: str, name: str | None = None) -> Path:
+    """Download (or find in the hub cache) a pipeline repository; one clear error on any failure."""
+    try:
+        from diffusers import DiffusionPipeline
+
+        folder = Path(DiffusionPipeline.download(repo_id, local_files_only=_offline(), use_safetensors=True))
+    except Exception as e:  # network, auth, gating, missing repo: all become one actionable message
+        kind = type(e).__name__
+        why = "the hub is unreachable or offline mode is on (HF_HUB_OFFLINE=1)"
+        if "Gated" in kind:
+            why = "the repository is gated: accept its licence on the hub and log in with `hf auth login`"
+        elif "RepositoryNotFound" in kind:
+            why = "no such repository on the hub (check the id, or log in for a private one)"
+        raise ModelNotFoundError(
+            f"Could not get {repo_id}: {why} ({kind}).\n{_download_hint(repo_id, name)}"
+        ) from None
+    missing = check_model_folder(folder)
+    if missing:
+        raise IncompleteModelFolderError(str(folder), missing, _download_hint(repo_id, name))
+    return folder
+
+
+# ---------------------------------------------------------------------------- loading
+
+_PIPELINE_CACHE: dict[tuple, Any] = {}
+
+
+def clear_pipeline_cache() -> None:
+    """Forget pipelines kept by ``load_pipeline(..., cache=True)``."""
+    _PIPELINE_CACHE.clear()
+
+
+def load_pipeline(
+    model: str | os.PathLike | None = None,
+    *,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    cpu_offload: str | bool = False,
+    vae_tiling: bool = False,
+    cache: bool = True,
+):
+    """Load a diffusers pipeline by registry name, local folder or hub id.
+
+    Args:
+        model: a name from ``kinegen models`` (default: the bundled/tiny default model), a local
+            diffusers folder (checked for every component first), or a hub id ``owner/name``.
+        device: ``"cuda"``, ``"cpu"``, ``"mps"``... (default: the best available).
+        dtype: ``"bf16"``, ``"fp16"``, ``"fp32"`` or a ``torch.dtype`` (default: bf16 on CUDA, fp32 on CPU).
+        cpu_offload: ``"model"`` (or True) moves whole components to the GPU only while they run;
+            ``"sequential"`` streams submodules (slowest, least memory). Needs a GPU.
+        vae_tiling: decode the VAE in tiles (less memory for large videos).
+        cache: reuse a pipeline already loaded with the same arguments in this process.
+
+    The returned pipeline carries ``pipe.kinegen_spec`` (a :class:`~kinegen.registry.ModelSpec`
+    with the model's default size, frames, steps and guidance).
+    """
+    resolved = resolve_model(model)
+    dev = pick_device(device)
+    dt = pick_dtype(dev, dtype)
+    offload = {True: "model", False: None, "none": None}.get(cpu_offload, cpu_offload)
+    if offload not in (None, "model", "sequential"):
+        raise KinegenError(f"cpu_offload must be 'model', 'sequential' or False, not {cpu_offload!r}.")
+    if offload and dev.type == "cpu":
+        raise KinegenError("CPU offload moves components to a GPU while they run; there is no GPU here. "
+                           "Drop --cpu-offload.")
+    key = (resolved.key, str(dev), str(dt), offload, vae_tiling)
+    if cache and key in _PIPELINE_CACHE:
+        return _PIPELINE_CACHE[key]
+
+    spec = resolved.spec
+    if spec.builder is not None:
+        pipe = spec.builder()
+        if dt != torch.float32:
+            pipe.to(dtype=dt)
+    else:
+        folder = resolved.folder or fetch_from_hub(resolved.repo_id, spec.name)
+        if resolved.folder is None and spec.name not in MODELS:
+            spec = _spec_for_folder(folder, spec.name)
+        pipe = _from_folder(folder, dt)
+    if offload == "model":
+        pipe.enable_model_cpu_offload(device=dev)
+    elif offload == "sequential":
+        pipe.enable_sequential_cpu_offload(device=dev)
+    else:
+        pipe.to(dev)
+    if vae_tiling:
+        if not hasattr(pipe.vae, "enable_tiling"):
+            raise KinegenError(f"The VAE of {spec.name} ({type(pipe.vae).__name__}) does not support tiling.")
+        pipe.vae.enable_tiling()
+    pipe.set_progress_bar_config(leave=False)
+    pipe.kinegen_spec = spec
+    if cache:
+        _PIPELINE_CACHE[key] = pipe
+    return pipe
+
+
+def _from_folder(folder: Path, dtype: torch.dtype):
+    import diffusers
+
+    cls_name = read_pipeline_class(folder)
+    cls = getattr(diffusers, cls_name, None)
+    if cls is None or cls_name not in PIPELINE_CLASS_TO_FAMILY:
+        supported = ", ".join(sorted(PIPELINE_CLASS_TO_FAMILY))
+        raise ModelNotFoundError(f"{folder} holds a {cls_name}, which Kinegen does not drive. Supported: {supported}.")
+    try:
+        return cls.from_pretrained(folder, torch_dtype=dtype, use_safetensors=True, local_files_only=True)
+    except (OSError, ValueError, EnvironmentError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelNotFoundError(f"diffusers could not load {folder} as a {cls_name}: {first}") from None
+
+
+def describe_models() -> list[dict[str, Any]]:
+    """One row per registered model: name, family, kind, source and whether it is available offline."""
+    rows = []
+    for spec in MODELS.values():
+        if spec.builder is not None:
+            avail, where = True, "built in code"
+        elif spec.bundled is not None:
+            folder = ASSETS_DIR / "models" / spec.bundled
+            avail, where = not check_model_folder(folder), str(folder)
+        else:
+            local = _local_copy(spec)
+            avail, where = local is not None and not check_model_folder(local), str(local or "not downloaded")
+        rows.append(dict(name=spec.name, family=spec.family, kind=FAMILIES[spec.family].kind,
+                         description=spec.description, source=spec.source, available=avail, where=where,
+                         size=spec.size_note))
+    return rows

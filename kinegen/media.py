@@ -1,0 +1,138 @@
+"""Reading and writing media, always atomically.
+
+Videos are written as H.264 mp4 (yuv420p, playable in browsers) with the ffmpeg binary
+that ``imageio-ffmpeg`` ships; videos are read with decord where it is installed and PyAV
+otherwise. Every writer renders to a temporary file in the destination folder and renames
+it into place, so a failed or interrupted run never leaves a half-written file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InvalidRequestError
+
+VIDEO_EXTENSIONS = (".mp4",)
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")
+
+
+def check_output_path(path: str | os.PathLike, kind: str) -> Path:
+    """Validate an output path before any work is done: extension, parent folder, writability."""
+    path = Path(path).expanduser()
+    allowed = VIDEO_EXTENSIONS if kind == "video" else IMAGE_EXTENSIONS
+    if path.suffix.lower() not in allowed:
+        raise InvalidRequestError(
+            f"Output {path} must end with {' or '.join(allowed)} for a {kind} model.")
+    if path.is_dir():
+        raise InvalidRequestError(f"Output {path} is a folder; give a file name such as {path / ('out' + allowed[0])}.")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise InvalidRequestError(f"The folder {parent} does not exist; create it first or choose another --output.")
+    if not os.access(parent, os.W_OK):
+        raise InvalidRequestError(f"The folder {parent} is not writable; choose another --output.")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise InvalidRequestError(f"{path} exists and is not writable; choose another --output.")
+    return path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` (same suffix); rename it to ``path`` on success only."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".part{path.suffix}", dir=path.parent or ".")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file normal permissions
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def to_uint8(frames: np.ndarray) -> np.ndarray:
+    """Float frames in [0, 1] (or uint8) to uint8, clipping."""
+    if frames.dtype == np.uint8:
+        return frames
+    return (np.clip(frames, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+
+
+def _pad_even(frames: np.ndarray) -> np.ndarray:
+    f, h, w, c = frames.shape
+    if h % 2 == 0 and w % 2 == 0:
+        return frames
+    return np.pad(frames, ((0, 0), (0, h % 2), (0, w % 2), (0, 0)), mode="edge")
+
+
+def write_video(path: str | os.PathLike, frames: np.ndarray, fps: int = 16, quality: int = 18) -> Path:
+    """Write ``frames`` ``[F, H, W, 3]`` (float in [0, 1] or uint8) as an H.264 mp4, atomically.
+
+    ``quality`` is x264's CRF (lower is better; 18 is visually lossless). Odd sizes are padded by
+    one edge pixel (yuv420p needs even sizes).
+    """
+    import imageio_ffmpeg
+
+    frames = _pad_even(to_uint8(np.asarray(frames)))
+    if frames.ndim != 4 or frames.shape[-1] != 3:
+        raise ValueError(f"frames must be [F, H, W, 3], got {frames.shape}")
+    _, h, w, _ = frames.shape
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        writer = imageio_ffmpeg.write_frames(
+            str(tmp), (w, h), fps=fps, codec="libx264", pix_fmt_in="rgb24", pix_fmt_out="yuv420p",
+            macro_block_size=1, quality=None, output_params=["-crf", str(quality), "-movflags", "+faststart"],
+            ffmpeg_log_level="error",
+        )
+        writer.send(None)
+        for frame in frames:
+            writer.send(np.ascontiguousarray(frame))
+        writer.close()
+    return path
+
+
+def read_video(path: str | os.PathLike) -> np.ndarray:
+    """All frames of a video as uint8 ``[F, H, W, 3]``.
+
+    decord is tried first where it is installed; PyAV reads otherwise, and also when decord
+    fails (decord 0.6.0 rejects some widths that are not multiples of 32, e.g. 48).
+    """
+    path = str(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(path)
+    try:
+        import decord
+
+        vr = decord.VideoReader(path, ctx=decord.cpu(0))
+        return vr.get_batch(list(range(len(vr)))).asnumpy()
+    except Exception:  # ImportError, or a decord decoding error: fall back to PyAV
+        pass
+    import av
+
+    with av.open(path) as container:
+        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+
+def write_image(path: str | os.PathLike, image: np.ndarray) -> Path:
+    """Write one ``[H, W, 3]`` frame (float in [0, 1] or uint8) as png/jpg/webp, atomically."""
+    from PIL import Image
+
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        Image.fromarray(to_uint8(np.asarray(image))).save(tmp, format=Image.registered_extensions()[path.suffix.lower()])
+    return path
+
+
+def write_output(path: str | os.PathLike, frames: np.ndarray, kind: str, fps: int = 16) -> Path:
+    """Write a generation's frames: an mp4 for video, the first frame as an image otherwise."""
+    if kind == "video":
+        return write_video(path, frames, fps=fps)
+    return write_image(path, frames[0])

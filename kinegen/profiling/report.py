@@ -1,0 +1,147 @@
+"""Writing a profile: report.json, report.md, two plots and a side-by-side video.
+
+Every file is written atomically (a temporary file renamed into place).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..media import atomic_path, to_uint8, write_image, write_video
+
+if TYPE_CHECKING:
+    from .runner import ProfileReport
+
+
+def _fmt(v, spec: str = ".2f", none: str = "n/a") -> str:
+    return none if v is None else format(v, spec)
+
+
+def markdown_table(report: ProfileReport) -> str:
+    """The comparison as a Markdown table, dense first."""
+    s = report.settings
+    size = f"{s['width']}x{s['height']}" + (f", {s['frames']} frames" if report.kind == "video" else "")
+    lines = [
+        f"# Profile: {s['model']}",
+        "",
+        f"{size}, {s['steps']} steps, guidance {s['guidance']}; {len(s['prompts'])} prompt(s) x {s['seeds']} seed(s), "
+        f"{s['repeats']} interleaved repeat(s) after {s['warmup']} warm-up run(s) per configuration. "
+        f"Device {report.environment['device']} ({report.environment['dtype']}), torch {report.environment['torch']}, "
+        f"diffusers {report.environment['diffusers']}.",
+        "",
+        "| config | latency s (median [min-max]) | transformer s | speedup | transformer speedup | PSNR dB | SSIM | LPIPS | peak MB |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report.runs:
+        lat, tr = r["latency_s"], r["transformer_s"]
+        lines.append(
+            f"| {r['config']} | {lat['median']:.3f} [{lat['min']:.3f}-{lat['max']:.3f}] | {tr['median']:.3f} | "
+            f"{r['speedup']:.2f}x | {_fmt(r['transformer_speedup'])}x | {r['psnr_db']:.2f} | {r['ssim']:.4f} | "
+            f"{_fmt(r['lpips'], '.4f')} | {r['peak_memory_mb']:.0f} |")
+    lines += ["", f"PSNR and SSIM are against the dense output of the same prompt and seed; identical outputs "
+              f"report {s['psnr_cap_db']:.0f} dB. Speedups are ratios of medians from this run. LPIPS: {s['lpips']}.",
+              ""]
+    return "\n".join(lines)
+
+
+def _plot_speedup_psnr(report: ProfileReport, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    cap = report.settings["psnr_cap_db"]
+    # Runs identical to dense (PSNR at the cap) would squash the axis; the dashed line stands for them.
+    shown = [r for r in report.runs if r["psnr_db"] < cap]
+    ax.axvline(1.0, color="gray", linestyle="--", linewidth=1)
+    ax.annotate("dense (identical)", (1.0, 1.0), xycoords=("data", "axes fraction"), textcoords="offset points",
+                xytext=(4, -12), fontsize=8, color="gray")
+    for r in shown:
+        ax.scatter(r["speedup"], r["psnr_db"], s=40)
+        ax.annotate(r["config"], (r["speedup"], r["psnr_db"]), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    ax.set_xlabel("end-to-end speedup over dense (x)")
+    ax.set_ylabel("PSNR vs dense (dB)")
+    ax.set_title(f"{report.settings['model']}: speed against fidelity")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+
+
+def _plot_latency(report: ProfileReport, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [r["config"] for r in report.runs]
+    x = np.arange(len(labels))
+    med = np.array([r["latency_s"]["median"] for r in report.runs])
+    lo = med - np.array([r["latency_s"]["min"] for r in report.runs])
+    hi = np.array([r["latency_s"]["max"] for r in report.runs]) - med
+    tr = np.array([r["transformer_s"]["median"] for r in report.runs])
+    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(labels) + 2), 4), dpi=120)
+    ax.bar(x, med, color="#9bb8d3", label="end to end (median, min-max)", yerr=[lo, hi], capsize=3)
+    ax.bar(x, tr, width=0.5, color="#2f6690", label="transformer")
+    ax.set_xticks(x, labels, rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("seconds per generation")
+    ax.set_title(f"{report.settings['model']}: latency per configuration")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+
+
+def _label(frame: np.ndarray, text: str) -> np.ndarray:
+    """Put ``text`` on a dark bar above a uint8 frame (or a stack of frames)."""
+    import cv2
+
+    frames = frame if frame.ndim == 4 else frame[None]
+    f, h, w, _ = frames.shape
+    bar_h = 18 if w >= 96 else 12
+    scale = 0.4 if w >= 96 else 0.28
+    bar = np.full((bar_h, w, 3), 24, np.uint8)
+    cv2.putText(bar, text[: max(4, w // 7)], (3, bar_h - 5), cv2.FONT_HERSHEY_SIMPLEX, scale, (235, 235, 235), 1,
+                cv2.LINE_AA)
+    out = np.concatenate([np.broadcast_to(bar, (f, bar_h, w, 3)), frames], axis=1)
+    return out if frame.ndim == 4 else out[0]
+
+
+def side_by_side(report: ProfileReport) -> np.ndarray:
+    """Outputs of the first request, labelled and tiled (up to 4 per row): ``[F, H', W', 3]`` uint8."""
+    tiles = [_label(to_uint8(report.outputs[r["config"]]), r["config"]) for r in report.runs]
+    per_row = min(4, len(tiles))
+    while len(tiles) % per_row:
+        tiles.append(np.zeros_like(tiles[0]))
+    rows = [np.concatenate(tiles[i:i + per_row], axis=2) for i in range(0, len(tiles), per_row)]
+    return np.concatenate(rows, axis=1)
+
+
+def write_report(report: ProfileReport, output_dir: Path) -> dict[str, Path]:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "json": output_dir / "report.json",
+        "markdown": output_dir / "report.md",
+        "speedup_vs_psnr": output_dir / "speedup_vs_psnr.png",
+        "latency": output_dir / "latency.png",
+        "side_by_side": output_dir / ("side_by_side.mp4" if report.kind == "video" else "side_by_side.png"),
+    }
+    with atomic_path(paths["json"]) as tmp:
+        tmp.write_text(json.dumps(report.to_dict(), indent=2, allow_nan=False) + "\n")
+    with atomic_path(paths["markdown"]) as tmp:
+        tmp.write_text(markdown_table(report))
+    _plot_speedup_psnr(report, paths["speedup_vs_psnr"])
+    _plot_latency(report, paths["latency"])
+    grid = side_by_side(report)
+    if report.kind == "video":
+        write_video(paths["side_by_side"], grid, fps=report.fps)
+    else:
+        write_image(paths["side_by_side"], grid[0])
+    return paths

@@ -1,0 +1,278 @@
+"""The profiler: every configuration against the dense baseline, side by side, in one run.
+
+For each prompt and seed, the dense baseline and every configuration generate the same
+request. Runs are interleaved: each repeat visits the configurations in a rotated order, so
+slow drifts of a noisy machine (thermal state, other processes) spread over all of them
+instead of biasing one. Warm-up runs (untimed) come first, one per configuration, which
+also absorbs one-off costs such as MagCache's calibration run or compilation.
+
+Per configuration it records end-to-end latency and transformer-only latency (median, min,
+max over every timed run), speedup over dense from the same run, peak memory, the
+accelerators' own stats, and the fidelity of each output against the dense output of the
+same request (PSNR, SSIM; LPIPS where its weights exist locally).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..accelerate import parse_spec
+from ..errors import ConfigError, InvalidRequestError
+from ..generation import GenerationRequest, generate, resolve_request
+from . import metrics as M
+
+DENSE = "dense"
+
+
+# ---------------------------------------------------------------------------- configurations
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileConfig:
+    """One column of the comparison: a label and the accelerator specs applied together."""
+
+    label: str
+    specs: tuple[str, ...] = ()
+
+
+def parse_config(text: str) -> ProfileConfig:
+    """``"dense"``, one spec ``"mag:threshold=0.1"``, or several joined by ``+``."""
+    text = text.strip()
+    if text in (DENSE, "none"):
+        return ProfileConfig(DENSE)
+    specs = tuple(p.strip() for p in text.split("+") if p.strip())
+    if not specs:
+        raise ConfigError(f"Empty configuration {text!r}.")
+    for spec in specs:
+        parse_spec(spec)  # fail fast, before any model runs
+    return ProfileConfig(text, specs)
+
+
+def _unique_labels(configs: list[ProfileConfig]) -> list[ProfileConfig]:
+    seen: dict[str, int] = {}
+    out = []
+    for c in configs:
+        n = seen.get(c.label, 0)
+        seen[c.label] = n + 1
+        out.append(c if n == 0 else dataclasses.replace(c, label=f"{c.label} #{n + 1}"))
+    return out
+
+
+# ---------------------------------------------------------------------------- memory
+
+
+class PeakMemory:
+    """Peak memory of the code inside the block, in MB: CUDA max allocated on a GPU, and the
+    process's peak resident set size (sampled every 5 ms) on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.peak_mb = 0.0
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return self
+        import psutil
+
+        proc = psutil.Process()
+        self._stop = threading.Event()
+        self._peak = proc.memory_info().rss
+
+        def sample():
+            while not self._stop.wait(0.005):
+                self._peak = max(self._peak, proc.memory_info().rss)
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak_mb = torch.cuda.max_memory_allocated(self.device) / 2**20
+            return
+        import psutil
+
+        self._stop.set()
+        self._thread.join()
+        self._peak = max(self._peak, psutil.Process().memory_info().rss)
+        self.peak_mb = self._peak / 2**20
+
+
+# ---------------------------------------------------------------------------- report data
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    return {"median": float(statistics.median(values)), "min": float(min(values)), "max": float(max(values))}
+
+
+@dataclasses.dataclass
+class ProfileReport:
+    """What ``profile`` measured. ``runs`` holds one dict per configuration, dense first."""
+
+    runs: list[dict[str, Any]]
+    settings: dict[str, Any]
+    environment: dict[str, Any]
+    outputs: dict[str, np.ndarray] = dataclasses.field(default_factory=dict, repr=False)  # label -> first request's frames
+    kind: str = "video"
+    fps: int = 16
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"runs": self.runs, "settings": self.settings, "environment": self.environment}
+
+    def run(self, label: str) -> dict[str, Any]:
+        for r in self.runs:
+            if r["config"] == label:
+                return r
+        raise KeyError(f"no configuration {label!r}; have {[r['config'] for r in self.runs]}")
+
+    def save(self, output_dir: str | os.PathLike) -> dict[str, Path]:
+        """Write report.json, report.md, the plots and the side-by-side video (or image)."""
+        from .report import write_report
+
+        return write_report(self, Path(output_dir))
+
+
+def environment(pipe) -> dict[str, Any]:
+    import platform
+
+    import diffusers
+    import transformers
+
+    from .. import __version__
+
+    dev = pipe._execution_device
+    env = {
+        "kinegen": __version__, "python": platform.python_version(), "torch": torch.__version__,
+        "diffusers": diffusers.__version__, "transformers": transformers.__version__,
+        "platform": platform.platform(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "device": str(dev), "dtype": str(pipe.transformer.dtype).replace("torch.", ""),
+    }
+    if dev.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(dev)
+    return env
+
+
+# ---------------------------------------------------------------------------- the profiler
+
+
+def profile(pipe, prompts: list[str] | str, configs: list[str | ProfileConfig], *, seeds: int = 1,
+            repeats: int = 3, warmup: int = 1, output_dir: str | os.PathLike | None = None, progress=None,
+            **request_fields) -> ProfileReport:
+    """Run the dense baseline and every configuration on the same prompts and seeds.
+
+    Args:
+        pipe: a pipeline from :func:`kinegen.load_pipeline` (or a model name, loaded here).
+        prompts: one prompt or several.
+        configs: accelerator configurations (``"mag:threshold=0.1"``, ``"a+b"`` to combine, ``"dense"``
+            to time the baseline against itself). The dense baseline is always added first.
+        seeds: seeds 0..seeds-1 for every prompt.
+        repeats: timed runs per configuration and request (interleaved).
+        warmup: untimed runs per configuration before timing.
+        output_dir: where to write report.json, report.md, plots and the side-by-side video.
+        progress: ``fn(done, total, label)`` called after each run.
+        **request_fields: generation settings shared by all runs (height, width, frames, steps, guidance, ...).
+    """
+    if isinstance(pipe, (str, os.PathLike)):
+        from ..loading import load_pipeline
+
+        pipe = load_pipeline(pipe)
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    if not prompts:
+        raise InvalidRequestError("Give at least one prompt to profile.")
+    if seeds < 1 or repeats < 1 or warmup < 0:
+        raise InvalidRequestError("seeds and repeats must be >= 1 and warmup >= 0.")
+    parsed = [c if isinstance(c, ProfileConfig) else parse_config(c) for c in configs]
+    all_configs = _unique_labels([ProfileConfig(DENSE)] + parsed)
+    requests = [resolve_request(pipe, GenerationRequest(prompt=p, seed=s, **request_fields))
+                for p in prompts for s in range(seeds)]
+    if output_dir is not None:  # fail on an unwritable folder before hours of work
+        out = Path(output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        if not os.access(out, os.W_OK):
+            raise InvalidRequestError(f"The output folder {out} is not writable.")
+    device = pipe._execution_device
+    total = len(all_configs) * (warmup + repeats * len(requests))
+    done = 0
+
+    def tick(label):
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total, label)
+
+    samples = {c.label: {"latency": [], "transformer": [], "memory": [], "stats": None} for c in all_configs}
+    frames: dict[tuple[str, int], np.ndarray] = {}
+
+    for c in all_configs:
+        for _ in range(warmup):
+            generate(pipe, requests[0], accelerators=c.specs)
+            tick(c.label)
+    for rep in range(repeats):
+        for ri, req in enumerate(requests):
+            shift = (rep + ri) % len(all_configs)
+            for c in all_configs[shift:] + all_configs[:shift]:
+                with PeakMemory(device) as mem:
+                    t0 = time.perf_counter()
+                    result = generate(pipe, req, accelerators=c.specs)
+                    latency = time.perf_counter() - t0
+                s = samples[c.label]
+                s["latency"].append(latency)
+                s["transformer"].append(result.timings["transformer"])
+                s["memory"].append(mem.peak_mb)
+                s["stats"] = result.accelerators
+                frames.setdefault((c.label, ri), result.frames)
+                tick(c.label)
+
+    dense_latency = statistics.median(samples[DENSE]["latency"])
+    dense_transformer = statistics.median(samples[DENSE]["transformer"])
+    runs = []
+    for c in all_configs:
+        s = samples[c.label]
+        fid = {name: [] for name in M.METRICS}
+        for ri in range(len(requests)):
+            for name, fn in M.METRICS.items():
+                fid[name].append(fn(frames[(DENSE, ri)], frames[(c.label, ri)]))
+        lat, tr = _summary(s["latency"]), _summary(s["transformer"])
+        lp = [v for v in fid["lpips"] if v is not None]
+        runs.append({
+            "config": c.label,
+            "accelerators": list(c.specs),
+            "latency_s": lat,
+            "transformer_s": tr,
+            "speedup": dense_latency / lat["median"],
+            "transformer_speedup": dense_transformer / tr["median"] if tr["median"] > 0 else None,
+            "psnr_db": float(np.mean(fid["psnr_db"])),
+            "ssim": float(np.mean(fid["ssim"])),
+            "lpips": float(np.mean(lp)) if len(lp) == len(requests) else None,
+            "peak_memory_mb": float(max(s["memory"])),
+            "samples": len(s["latency"]),
+            "accelerator_stats": s["stats"] or [],
+        })
+    spec = pipe.kinegen_spec
+    first = requests[0]
+    settings = {
+        "model": spec.name, "prompts": prompts, "seeds": seeds, "repeats": repeats, "warmup": warmup,
+        "height": first.height, "width": first.width, "frames": first.frames, "steps": first.steps,
+        "guidance": first.guidance, "negative_prompt": first.negative_prompt,
+        "psnr_cap_db": M.PSNR_CAP_DB, "order": "interleaved, rotated each repeat",
+        "lpips": "computed" if M.lpips_weights_path() else "skipped: AlexNet weights not found under $TORCH_HOME",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    report = ProfileReport(runs=runs, settings=settings, environment=environment(pipe),
+                           outputs={c.label: frames[(c.label, 0)] for c in all_configs},
+                           kind=spec.kind, fps=spec.fps)
+    if output_dir is not None:
+        report.save(output_dir)
+    return report

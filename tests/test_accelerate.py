@@ -1,0 +1,99 @@
+"""The accelerator registry: spec parsing, fail-fast errors, apply/remove, composition rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kinegen
+from kinegen.accelerate import RunInfo, accelerate, parse_spec
+from kinegen.caching.diffusers_caches import FirstBlockCacheSpec, MagCacheSpec, TaylorSeerSpec
+from kinegen.errors import ConfigError
+
+
+def test_parse_spec_coerces_types():
+    acc, cfg = parse_spec("taylorseer:cache_interval=3,max_order=2,use_lite_mode=yes")
+    assert acc.name == "taylorseer"
+    assert cfg == TaylorSeerSpec(cache_interval=3, max_order=2, use_lite_mode=True)
+    _, cfg = parse_spec("first-block")
+    assert cfg == FirstBlockCacheSpec()
+    _, cfg = parse_spec(" mag : threshold = 0.25 , max-skip-steps=2 ")
+    assert cfg.threshold == 0.25 and cfg.max_skip_steps == 2
+
+
+@pytest.mark.parametrize(
+    "spec, fragment",
+    [
+        ("nosuch", "Valid names: first-block, taylorseer, mag, pab, faster"),
+        ("first-block:thresh=0.1", "Valid keys: threshold"),
+        ("first-block:threshold=abc", "is not a valid float"),
+        ("first-block:threshold", "expected key=value"),
+        ("first-block:threshold=-1", "threshold must be >= 0"),
+        ("taylorseer:cache_interval=0", "cache_interval must be >= 1"),
+        ("taylorseer:use_lite_mode=maybe", "is not a valid bool"),
+        ("", "non-empty"),
+    ],
+)
+def test_parse_spec_errors_name_the_fix(spec, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        parse_spec(spec)
+
+
+def test_two_caches_at_once_are_refused(wan):
+    with pytest.raises(ConfigError, match="Only one cache accelerator"):
+        accelerate(wan, "first-block", "taylorseer", run=RunInfo(num_inference_steps=4))
+    assert not wan.transformer.is_cache_enabled
+
+
+def test_remove_restores_the_dense_output_exactly(wan):
+    dense = kinegen.generate(wan, "a red circle", seed=3, steps=6).frames
+    cached = kinegen.generate(wan, "a red circle", seed=3, steps=6, accelerators=["first-block:threshold=0.5"]).frames
+    assert not np.array_equal(dense, cached), "a high threshold must skip blocks and change the output"
+    assert not wan.transformer.is_cache_enabled
+    again = kinegen.generate(wan, "a red circle", seed=3, steps=6).frames
+    np.testing.assert_array_equal(dense, again)
+
+
+def test_handle_stats_and_context_manager(wan):
+    (handle,) = accelerate(wan, FirstBlockCacheSpec(threshold=0.1), run=RunInfo(num_inference_steps=4))
+    with handle:
+        assert wan.transformer.is_cache_enabled
+        assert handle.stats() == {"name": "first-block", "config": {"threshold": 0.1}}
+    assert not wan.transformer.is_cache_enabled
+
+
+def test_mag_calibrates_once_per_model_and_step_count(wan, monkeypatch):
+    import kinegen.caching.diffusers_caches as dc
+
+    calls = []
+    real = dc.calibrate_mag_ratios
+    monkeypatch.setattr(dc, "_MAG_RATIOS", {})
+    monkeypatch.setattr(dc, "calibrate_mag_ratios", lambda pipe, run: calls.append(1) or real(pipe, run))
+    r1 = kinegen.generate(wan, "a red circle", seed=0, steps=6, accelerators=["mag:threshold=0.2"])
+    r2 = kinegen.generate(wan, "a blue square", seed=1, steps=6, accelerators=[MagCacheSpec(threshold=0.2)])
+    assert len(calls) == 1
+    assert r1.accelerators[0]["ratios_source"] == "calibrated with one dense run"
+    assert r2.accelerators[0]["num_ratios"] == 6
+
+
+def test_mag_uses_diffusers_flux_ratios(flux):
+    r = kinegen.generate(flux, "a red circle", steps=4, accelerators=["mag"])
+    assert r.accelerators[0]["ratios_source"] == "diffusers FLUX_MAG_RATIOS"
+
+
+def test_shared_state_caches_refuse_separate_cfg_calls(wan):
+    with pytest.raises(ConfigError, match="separate conditional"):
+        kinegen.generate(wan, "a red circle", steps=4, guidance=5.0, accelerators=["pab"])
+    # Without a second (unconditional) call the same cache is fine.
+    r = kinegen.generate(wan, "a red circle", steps=4, guidance=1.0, accelerators=["pab"])
+    assert r.frames.shape == (9, 64, 64, 3)
+
+
+@pytest.mark.parametrize("model", ["tiny-wan", "tiny-hunyuanvideo", "tiny-cogvideox", "tiny-flux"])
+@pytest.mark.parametrize("spec", ["first-block:threshold=1.0", "taylorseer:cache_interval=2,disable_cache_before_step=1"])
+def test_caches_change_output_on_every_family(load_tiny, model, spec):
+    pipe = load_tiny(model)
+    dense = kinegen.generate(pipe, "a red circle", seed=0, steps=6).frames
+    fast = kinegen.generate(pipe, "a red circle", seed=0, steps=6, accelerators=[spec]).frames
+    assert np.isfinite(fast).all()
+    assert not np.array_equal(dense, fast), f"{spec} had no effect on {model}"

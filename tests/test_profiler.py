@@ -1,0 +1,95 @@
+"""The profiler: dense against itself, every configuration present, files written and readable."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import kinegen
+from kinegen.cli import main
+from kinegen.media import read_video
+from kinegen.profiling import metrics
+from kinegen.profiling.runner import parse_config
+
+REQUIRED = {"config", "latency_s", "transformer_s", "speedup", "psnr_db", "ssim", "peak_memory_mb"}
+
+
+@pytest.fixture(scope="module")
+def wan_report(tmp_path_factory, wan):
+    out = tmp_path_factory.mktemp("profile")
+    report = kinegen.profile(wan, ["a red circle", "a blue square"], ["dense", "first-block:threshold=1.0"],
+                             repeats=2, warmup=1, steps=6, output_dir=out)
+    return report, out
+
+
+def test_report_has_every_configuration(wan_report):
+    report, out = wan_report
+    data = json.loads((out / "report.json").read_text())
+    assert [r["config"] for r in data["runs"]] == ["dense", "dense #2", "first-block:threshold=1.0"]
+    for run in data["runs"]:
+        assert REQUIRED <= set(run)
+        assert set(run["latency_s"]) == {"median", "min", "max"}
+        assert run["latency_s"]["min"] <= run["latency_s"]["median"] <= run["latency_s"]["max"]
+        assert run["samples"] == 2 * 2  # repeats x prompts
+        assert run["peak_memory_mb"] > 0
+    env = data["environment"]
+    assert {"torch", "diffusers", "device", "dtype", "cpu_count"} <= set(env)
+    assert data["settings"]["prompts"] == ["a red circle", "a blue square"]
+
+
+def test_dense_against_itself(wan_report):
+    report, _ = wan_report
+    dense, again = report.run("dense"), report.run("dense #2")
+    assert dense["speedup"] == 1.0 and dense["psnr_db"] == metrics.PSNR_CAP_DB and dense["ssim"] == 1.0
+    assert again["psnr_db"] == metrics.PSNR_CAP_DB and again["ssim"] == 1.0
+    assert 0.5 < again["speedup"] < 2.0  # same work; only timing noise separates them
+
+
+def test_cached_run_differs_and_is_reported(wan_report):
+    report, _ = wan_report
+    fb = report.run("first-block:threshold=1.0")
+    assert fb["psnr_db"] < metrics.PSNR_CAP_DB
+    assert 0 < fb["ssim"] < 1
+    assert fb["accelerator_stats"] == [{"name": "first-block", "config": {"threshold": 1.0}}]
+
+
+def test_files_written(wan_report):
+    report, out = wan_report
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["latency.png", "report.json", "report.md", "side_by_side.mp4", "speedup_vs_psnr.png"]
+    md = (out / "report.md").read_text()
+    assert "| dense |" in md and "| first-block:threshold=1.0 |" in md
+    video = read_video(out / "side_by_side.mp4")
+    assert video.shape[0] == 9 and video.shape[2] == 3 * 64  # three tiles side by side
+
+
+def test_cli_profile_image_model(tmp_path, capsys):
+    out = tmp_path / "prof"
+    rc = main(["profile", "--model", "tiny-flux", "--prompt", "a red circle", "--config", "taylorseer",
+               "--config", "mag:threshold=0.5", "--repeats", "1", "--steps", "4", "--output", str(out)])
+    assert rc == 0
+    data = json.loads((out / "report.json").read_text())
+    assert [r["config"] for r in data["runs"]] == ["dense", "taylorseer", "mag:threshold=0.5"]
+    assert (out / "side_by_side.png").is_file()
+    assert "| taylorseer |" in capsys.readouterr().out
+
+
+def test_parse_config_combines_with_plus():
+    cfg = parse_config("first-block:threshold=0.1 + mag")
+    assert cfg.specs == ("first-block:threshold=0.1", "mag")
+    assert parse_config("dense").specs == ()
+
+
+def test_metrics_on_known_values():
+    rng = np.random.default_rng(0)
+    ref = rng.random((3, 16, 16, 3))
+    assert metrics.psnr(ref, ref) == metrics.PSNR_CAP_DB
+    noisy = np.clip(ref + 0.01, 0, 1)
+    mse = np.mean((noisy - ref) ** 2)
+    assert metrics.psnr(ref, noisy) == pytest.approx(10 * np.log10(1 / mse), rel=1e-6)
+    assert metrics.ssim(ref, ref) == pytest.approx(1.0)
+    assert metrics.ssim(ref, rng.random(ref.shape)) < 0.2
+    with pytest.raises(ValueError, match="shapes"):
+        metrics.psnr(ref, ref[:2])
