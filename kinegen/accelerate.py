@@ -20,6 +20,8 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from .errors import ConfigError
 
 KINDS = ("cache", "attention")
@@ -185,7 +187,11 @@ def config_to_dict(config: Any) -> dict[str, Any]:
     out = {}
     for f in dataclasses.fields(config):
         v = getattr(config, f.name)
-        out[f.name] = list(v) if isinstance(v, tuple) else v if isinstance(v, (int, float, str, bool, type(None))) else repr(v)
+        if isinstance(v, tuple):
+            v = list(v)
+        elif not isinstance(v, (int, float, str, bool, type(None))):
+            v = repr(v)
+        out[f.name] = v
     return out
 
 
@@ -225,13 +231,15 @@ def accelerate(pipe, *specs: str | Any, run: RunInfo | None = None) -> list[Acce
         if kinds.count(kind) > 1:
             names = [a.name for a, _ in resolved if a.kind == kind]
             raise ConfigError(f"Only one {kind} accelerator at a time; got {', '.join(names)}.")
-    family = getattr(family_for_pipeline(pipe), "name", None) if not hasattr(pipe, "forward") else None
+    for acc, _ in resolved:
+        if acc.families is not None:
+            family = family_for_pipeline(pipe).name if not isinstance(pipe, torch.nn.Module) else None
+            if family not in acc.families:
+                raise ConfigError(f"{acc.name} does not support {family or type(pipe).__name__}; it supports "
+                                  f"{', '.join(acc.families)} pipelines.")
     handles: list[AcceleratorHandle] = []
     try:
         for acc, config in resolved:
-            if acc.families is not None and family not in acc.families:
-                raise ConfigError(f"{acc.name} does not support {family} models; it supports: "
-                                  f"{', '.join(acc.families)}.")
             handles.append(acc.apply(pipe, config, run))
     except BaseException:
         for h in reversed(handles):

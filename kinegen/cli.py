@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser(
         "generate", help="generate a video (mp4) or image (png) from a prompt",
         description="Generate a video (mp4) or image (png) from a prompt, with optional accelerators.",
-        epilog=EPILOG_ACCEL + " Example: kinegen generate \"a red circle moving right\" --cache first-block:threshold=0.08",
+        epilog=EPILOG_ACCEL
+        + ' Example: kinegen generate "a red circle moving right" --cache first-block:threshold=0.08',
     )
     gen.add_argument("prompt", help="what to generate")
     gen.add_argument("--output", "-o", metavar="FILE",
@@ -104,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a prompt (repeat for several)")
     prof.add_argument("--config", "-c", action="append", required=True, metavar="NAME[:k=v,...]",
                       help="a configuration to compare (repeat for several)")
-    prof.add_argument("--seeds", type=int, default=1, metavar="N", help="seeds 0..N-1 per prompt (default: %(default)s)")
+    prof.add_argument("--seeds", type=int, default=1, metavar="N",
+                      help="seeds 0..N-1 per prompt (default: %(default)s)")
     prof.add_argument("--repeats", type=int, default=3, metavar="N",
                       help="timed runs per configuration and request (default: %(default)s)")
     prof.add_argument("--warmup", type=int, default=1, metavar="N",
@@ -169,15 +171,16 @@ def cmd_generate(args) -> int:
     request = GenerationRequest(prompt=args.prompt, seed=args.seed, **_request_fields(args))
     check_request_basics(request)
     accelerators = _check_cache_spec(args.cache)
-    spec = resolve_model(args.model).spec
-    output = Path(args.output) if args.output else _default_output(args.prompt, args.seed, spec.kind)
-    if spec.kind:
+    spec = resolve_model(args.model).spec  # None for a hub id not downloaded yet
+    if spec is not None:  # check the output before spending time on loading
+        output = Path(args.output) if args.output else _default_output(args.prompt, args.seed, spec.kind)
         check_output_path(output, spec.kind)
-    note = _note_for(spec)
-    if note:
-        print(note, file=sys.stderr)
+        note = _note_for(spec)
+        if note:
+            print(note, file=sys.stderr)
     pipe, load_s = _load(args)
     spec = pipe.kinegen_spec
+    output = Path(args.output) if args.output else _default_output(args.prompt, args.seed, spec.kind)
     output = check_output_path(output, spec.kind)
     pipe.set_progress_bar_config(leave=False, disable=None)
     result = generate(pipe, request, accelerators=accelerators)
@@ -243,8 +246,8 @@ def cmd_models(args) -> int:
 
 def cmd_profile(args) -> int:
     from .generation import GenerationRequest, check_request_basics
-    from .profiling.runner import parse_config, profile
     from .profiling.report import markdown_table
+    from .profiling.runner import parse_config, profile
 
     fields = _request_fields(args)
     for p in args.prompt:

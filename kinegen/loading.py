@@ -129,9 +129,10 @@ def read_pipeline_class(folder: str | os.PathLike) -> str:
 
 @dataclasses.dataclass
 class ResolvedModel:
-    """Where a model's weights come from."""
+    """Where a model's weights come from. ``spec`` is ``None`` for a hub id Kinegen does not know
+    yet (its family is read from ``model_index.json`` once downloaded)."""
 
-    spec: ModelSpec
+    spec: ModelSpec | None
     folder: Path | None = None  # a complete local diffusers folder
     repo_id: str | None = None  # a hub id still to be fetched
     key: str = ""  # what identifies it in the pipeline cache
@@ -215,8 +216,10 @@ def resolve_model(model: str | os.PathLike | None) -> ResolvedModel:
         raise ModelNotFoundError(f"The folder {text} does not exist. Pass an existing diffusers folder, a hub id "
                                  f"(owner/name) or a registered name ({', '.join(MODELS)}).")
     if _HUB_ID.match(text):
-        spec = ModelSpec(text, "wan", f"hub model {text}", 0, 0, 0, 0.0, repo_id=text)  # family fixed on download
-        return ResolvedModel(spec, repo_id=text, key=text)
+        known = next((s for s in MODELS.values() if s.repo_id == text), None)
+        if known is not None:
+            return resolve_model(known.name)
+        return ResolvedModel(None, repo_id=text, key=text)
     raise ModelNotFoundError(
         f"Unknown model {text!r}. Registered models: {', '.join(MODELS)}. "
         "You can also pass a local diffusers folder or a hub id (owner/name)."
@@ -240,8 +243,9 @@ def fetch_from_hub(repo_id: str, name: str | None = None) -> Path:
             why = "the repository is gated: accept its licence on the hub and log in with `hf auth login`"
         elif "RepositoryNotFound" in kind:
             why = "no such repository on the hub (check the id, or log in for a private one)"
+        also = f" There is no folder named {repo_id} here either." if name is None else ""
         raise ModelNotFoundError(
-            f"Could not get {repo_id}: {why} ({kind}).\n{_download_hint(repo_id, name)}"
+            f"Could not get {repo_id}: {why} ({kind}).{also}\n{_download_hint(repo_id, name)}"
         ) from None
     missing = check_model_folder(folder)
     if missing:
@@ -297,14 +301,13 @@ def load_pipeline(
         return _PIPELINE_CACHE[key]
 
     spec = resolved.spec
-    if spec.builder is not None:
+    if spec is not None and spec.builder is not None:
         pipe = spec.builder()
         if dt != torch.float32:
             pipe.to(dtype=dt)
     else:
-        folder = resolved.folder or fetch_from_hub(resolved.repo_id, spec.name)
-        if resolved.folder is None and spec.name not in MODELS:
-            spec = _spec_for_folder(folder, spec.name)
+        folder = resolved.folder or fetch_from_hub(resolved.repo_id, spec.name if spec else None)
+        spec = spec or _spec_for_folder(folder, resolved.repo_id)
         pipe = _from_folder(folder, dt)
     if offload == "model":
         pipe.enable_model_cpu_offload(device=dev)
@@ -333,7 +336,7 @@ def _from_folder(folder: Path, dtype: torch.dtype):
         raise ModelNotFoundError(f"{folder} holds a {cls_name}, which Kinegen does not drive. Supported: {supported}.")
     try:
         return cls.from_pretrained(folder, torch_dtype=dtype, use_safetensors=True, local_files_only=True)
-    except (OSError, ValueError, EnvironmentError) as e:
+    except Exception as e:  # corrupt or mismatched files: one line, not a traceback
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelNotFoundError(f"diffusers could not load {folder} as a {cls_name}: {first}") from None
 

@@ -127,7 +127,8 @@ def write_image(path: str | os.PathLike, image: np.ndarray) -> Path:
 
     path = Path(path)
     with atomic_path(path) as tmp:
-        Image.fromarray(to_uint8(np.asarray(image))).save(tmp, format=Image.registered_extensions()[path.suffix.lower()])
+        fmt = Image.registered_extensions()[path.suffix.lower()]
+        Image.fromarray(to_uint8(np.asarray(image))).save(tmp, format=fmt)
     return path
 
 

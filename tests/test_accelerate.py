@@ -90,7 +90,8 @@ def test_shared_state_caches_refuse_separate_cfg_calls(wan):
 
 
 @pytest.mark.parametrize("model", ["tiny-wan", "tiny-hunyuanvideo", "tiny-cogvideox", "tiny-flux"])
-@pytest.mark.parametrize("spec", ["first-block:threshold=1.0", "taylorseer:cache_interval=2,disable_cache_before_step=1"])
+@pytest.mark.parametrize("spec", ["first-block:threshold=1.0",
+                                  "taylorseer:cache_interval=2,disable_cache_before_step=1"])
 def test_caches_change_output_on_every_family(load_tiny, model, spec):
     pipe = load_tiny(model)
     dense = kinegen.generate(pipe, "a red circle", seed=0, steps=6).frames

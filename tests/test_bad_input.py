@@ -13,7 +13,8 @@ from kinegen.errors import InvalidRequestError
     (["--height", "100"], "height 100 is not a multiple of 16"),
     (["--width", "8"], "width must be at least 16"),
     (["--height", "0"], "height must be a positive integer"),
-    (["--frames", "8"], "frame counts of the form 4k + 1 (set by how its VAE compresses time); 8 is not one. Try 5 or 9"),
+    (["--frames", "8"], "frame counts of the form 4k + 1 (set by how its VAE compresses time); 8 is not one. "
+                        "Try 5 or 9"),
     (["--frames", "0"], "frames must be an integer between 1 and 1025"),
     (["--steps", "0"], "steps must be an integer between 1 and 1000"),
     (["--steps", "100000"], "steps must be an integer between 1 and 1000"),

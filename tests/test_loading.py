@@ -14,7 +14,6 @@ from kinegen.errors import IncompleteModelFolderError, KinegenError, ModelNotFou
 from kinegen.loading import check_model_folder, load_pipeline, pick_device, pick_dtype, resolve_model
 from kinegen.registry import MODELS
 
-
 REQUIRED_NAMES = ["wan2.1-t2v-1.3b", "wan2.1-t2v-14b", "wan2.2-t2v-a14b", "hunyuanvideo", "cogvideox-2b",
                   "cogvideox-5b", "flux.1-dev", "flux.1-kontext-dev"]
 
@@ -147,3 +146,10 @@ def test_dtype_override_and_offload_errors():
 
 def test_pipeline_cache_reuses(wan):
     assert load_pipeline("tiny-wan", device="cpu") is wan
+
+
+def test_hub_id_of_a_registered_model_uses_its_spec(monkeypatch, tmp_path):
+    monkeypatch.setenv("KINEGEN_MODELS_DIR", str(tmp_path))
+    assert resolve_model("THUDM/CogVideoX-2b").spec.name == "cogvideox-2b"
+    unknown = resolve_model("someone/some-model")
+    assert unknown.spec is None and unknown.repo_id == "someone/some-model"

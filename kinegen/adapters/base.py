@@ -72,6 +72,8 @@ class ModelAdapter:
         cross_attention: per block list, the attribute of its text cross-attention module, if any.
         text_mode: ``"cross"`` (text via cross-attention) or ``"joint"`` (text tokens in self-attention).
         text_position: ``"none"``, ``"first"`` or ``"last"``: where text sits in the self-attention sequence.
+        latent_format: layout of the transformer's ``hidden_states`` input: ``"BCFHW"`` (Wan, HunyuanVideo),
+            ``"BFCHW"`` (CogVideoX) or ``"BNC"`` (FLUX's packed 2x2 patches).
     """
 
     name: str
@@ -81,6 +83,7 @@ class ModelAdapter:
     cross_attention: dict[str, str]
     text_mode: str
     text_position: str
+    latent_format: str = "BCFHW"
 
     # -- structure ------------------------------------------------------------------
 
@@ -123,7 +126,7 @@ class ModelAdapter:
     def describe(self) -> dict[str, Any]:
         return dict(name=self.name, transformer_class=self.transformer_class, block_lists=list(self.block_lists),
                     self_attention=self.self_attention, cross_attention=self.cross_attention,
-                    text_mode=self.text_mode, text_position=self.text_position)
+                    text_mode=self.text_mode, text_position=self.text_position, latent_format=self.latent_format)
 
 
 def _ceil_div(a: int, b: int) -> int:

@@ -27,4 +27,5 @@ class CogVideoXAdapter(ModelAdapter):
 COGVIDEOX = CogVideoXAdapter(
     name="cogvideox", transformer_class="CogVideoXTransformer3DModel", block_lists=("transformer_blocks",),
     self_attention={"transformer_blocks": "attn1"}, cross_attention={}, text_mode="joint", text_position="first",
+    latent_format="BFCHW",
 )

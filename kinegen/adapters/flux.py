@@ -33,5 +33,5 @@ FLUX = FluxAdapter(
     name="flux", transformer_class="FluxTransformer2DModel",
     block_lists=("transformer_blocks", "single_transformer_blocks"),
     self_attention={"transformer_blocks": "attn", "single_transformer_blocks": "attn"}, cross_attention={},
-    text_mode="joint", text_position="first",
+    text_mode="joint", text_position="first", latent_format="BNC",
 )

@@ -5,13 +5,16 @@ diffusers hook through ``transformer.enable_cache(...)`` (on both transformers o
 pipeline). Nothing here re-implements a cache; this module only makes them selectable as
 ``--cache NAME[:key=value,...]`` and removable.
 
-| name | diffusers config | what it does |
-|---|---|---|
-| ``first-block`` | ``FirstBlockCacheConfig`` | skip the remaining blocks when the first block's residual changed less than ``threshold`` |
-| ``taylorseer`` | ``TaylorSeerCacheConfig`` | compute every ``cache_interval`` steps, forecast features in between with a Taylor series |
-| ``mag`` | ``MagCacheConfig`` | skip steps while the accumulated residual-magnitude error stays below ``threshold`` |
-| ``pab`` | ``PyramidAttentionBroadcastConfig`` | reuse attention outputs across ``spatial_skip`` steps in a timestep window |
-| ``faster`` | ``FasterCacheConfig`` | reuse attention outputs with frequency-weighted correction, and the unconditional branch |
+- ``first-block`` (``FirstBlockCacheConfig``): skip the remaining blocks when the first block's residual
+  changed less than ``threshold``.
+- ``taylorseer`` (``TaylorSeerCacheConfig``): compute every ``cache_interval`` steps, forecast features
+  in between with a Taylor series.
+- ``mag`` (``MagCacheConfig``): skip steps while the accumulated residual-magnitude error stays below
+  ``threshold``.
+- ``pab`` (``PyramidAttentionBroadcastConfig``): reuse attention outputs across ``spatial_skip`` steps in
+  a timestep window.
+- ``faster`` (``FasterCacheConfig``): reuse attention outputs with frequency-weighted correction, and the
+  unconditional branch.
 """
 
 from __future__ import annotations
@@ -169,7 +172,7 @@ def apply_mag(pipe, config: MagCacheSpec, run: RunInfo) -> AcceleratorHandle:
     if not steps:
         raise ConfigError("mag needs the number of inference steps; pass RunInfo(num_inference_steps=...).")
     source = config.ratios
-    is_flux = type(pipe.transformer).__name__ == "FluxTransformer2DModel"
+    is_flux = get_adapter(pipe).name == "flux"
     if source not in ("auto", "calibrate"):
         try:
             ratios = [float(x) for x in source.replace(" ", "/").split("/") if x]
@@ -244,10 +247,7 @@ def apply_faster(pipe, config: FasterCacheSpec, run: RunInfo) -> AcceleratorHand
 
     _require_shared_state_ok("faster", run)
     cb = _timestep_callback(pipe)
-    family = type(pipe.transformer).__name__
-    tensor_format = "BFCHW" if family == "CogVideoXTransformer3DModel" else "BCFHW"
-    if family == "FluxTransformer2DModel":
-        tensor_format = "BCHW"
+    tensor_format = {"BNC": "BCHW"}.get(get_adapter(pipe).latent_format, get_adapter(pipe).latent_format)
     # Only batched CFG carries an unconditional half to reuse; otherwise treat every call as one branch.
     distilled = run.guidance_calls != "batched"
     return _enable(pipe, "faster", lambda: FasterCacheConfig(

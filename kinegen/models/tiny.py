@@ -72,8 +72,12 @@ def build_tiny_wan():
 
 
 def build_tiny_hunyuanvideo():
-    from diffusers import (AutoencoderKLHunyuanVideo, FlowMatchEulerDiscreteScheduler, HunyuanVideoPipeline,
-                           HunyuanVideoTransformer3DModel)
+    from diffusers import (
+        AutoencoderKLHunyuanVideo,
+        FlowMatchEulerDiscreteScheduler,
+        HunyuanVideoPipeline,
+        HunyuanVideoTransformer3DModel,
+    )
     from transformers import LlamaConfig, LlamaModel
 
     transformer = HunyuanVideoTransformer3DModel(
@@ -96,8 +100,7 @@ def build_tiny_hunyuanvideo():
 
 
 def build_tiny_cogvideox():
-    from diffusers import (AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXPipeline,
-                           CogVideoXTransformer3DModel)
+    from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXPipeline, CogVideoXTransformer3DModel
 
     transformer = CogVideoXTransformer3DModel(
         num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4, time_embed_dim=8,

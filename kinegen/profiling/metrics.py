@@ -45,7 +45,8 @@ def ssim(reference: np.ndarray, test: np.ndarray) -> float:
         ref, out = ref[None], out[None]
     side = min(ref.shape[1], ref.shape[2])
     win = min(7, side if side % 2 else side - 1)
-    values = [structural_similarity(r, o, channel_axis=-1, data_range=1.0, win_size=win) for r, o in zip(ref, out)]
+    values = [structural_similarity(r, o, channel_axis=-1, data_range=1.0, win_size=win)
+              for r, o in zip(ref, out, strict=True)]
     return float(np.mean(values))
 
 

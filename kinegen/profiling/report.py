@@ -33,7 +33,8 @@ def markdown_table(report: ProfileReport) -> str:
         f"Device {report.environment['device']} ({report.environment['dtype']}), torch {report.environment['torch']}, "
         f"diffusers {report.environment['diffusers']}.",
         "",
-        "| config | latency s (median [min-max]) | transformer s | speedup | transformer speedup | PSNR dB | SSIM | LPIPS | peak MB |",
+        "| config | latency s (median [min-max]) | transformer s | speedup | transformer speedup "
+        "| PSNR dB | SSIM | LPIPS | peak MB |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report.runs:

@@ -124,7 +124,8 @@ class ProfileReport:
     runs: list[dict[str, Any]]
     settings: dict[str, Any]
     environment: dict[str, Any]
-    outputs: dict[str, np.ndarray] = dataclasses.field(default_factory=dict, repr=False)  # label -> first request's frames
+    # label -> frames of the first request, for the side-by-side video
+    outputs: dict[str, np.ndarray] = dataclasses.field(default_factory=dict, repr=False)
     kind: str = "video"
     fps: int = 16
 
