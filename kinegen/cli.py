@@ -115,7 +115,52 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generation_flags(prof)
     _add_loading_flags(prof)
     prof.set_defaults(func=cmd_profile, model=DEFAULT_MODEL)
+
+    train = sub.add_parser("train", help="train the bundled models (resumable, time-boxed)",
+                           description="Train the parts of the bundled models. Each run keeps a resumable "
+                                       "checkpoint in its --run folder: the same command continues it.")
+    tsub = train.add_subparsers(dest="what", metavar="WHAT", required=True)
+    from .training.configs import AdherenceTrainConfig, T2VTrainConfig, VAETrainConfig
+
+    for name, cfg_cls, run, helptext in [
+        ("vae", VAETrainConfig, "runs/vae", "the video VAE (AutoencoderKLWan) on procedural clips"),
+        ("t2v", T2VTrainConfig, "runs/t2v", "the text-to-video transformer and text encoder (needs a trained VAE)"),
+        ("adherence", AdherenceTrainConfig, "runs/adherence", "the prompt-adherence classifier"),
+    ]:
+        tp = tsub.add_parser(name, help=helptext, description=f"Train {helptext}.")
+        tp.add_argument("--run", default=run, metavar="DIR", help="run folder (default: %(default)s)")
+        tp.add_argument("--export", metavar="DIR", help="also copy the result here when training ends")
+        _add_dataclass_flags(tp, cfg_cls)
+        tp.set_defaults(func=cmd_train, config_cls=cfg_cls)
+
+    ev = sub.add_parser("eval", help="evaluate models (prompt adherence)")
+    esub = ev.add_subparsers(dest="what", metavar="WHAT", required=True)
+    adh = esub.add_parser(
+        "adherence", help="per-attribute prompt adherence of a text-to-video model",
+        description="Generate prompts from the procedural caption distribution (training or held-out "
+                    "attribute combinations) and report how often the adherence classifier sees the "
+                    "prompted shape, colour and motion.")
+    adh.add_argument("--prompts", type=int, default=100, metavar="N", help="prompts per split (default: %(default)s)")
+    adh.add_argument("--split", choices=["train", "held_out", "both"], default="both",
+                     help="attribute combinations to draw prompts from (default: %(default)s)")
+    adh.add_argument("--seed", type=int, default=0, help="seed of the prompt set and generations (default: 0)")
+    adh.add_argument("--cache", metavar="NAME[:k=v,...]", help="evaluate with a caching accelerator on")
+    adh.add_argument("--classifier", metavar="DIR", help="adherence classifier folder (default: the bundled one)")
+    adh.add_argument("--output", "-o", metavar="FILE", help="write the results (with every prompt) as JSON")
+    _add_generation_flags(adh)
+    _add_loading_flags(adh)
+    adh.set_defaults(func=cmd_eval_adherence, model=DEFAULT_MODEL)
     return parser
+
+
+def _add_dataclass_flags(p: argparse.ArgumentParser, cfg_cls) -> None:
+    import dataclasses
+
+    g = p.add_argument_group("training settings")
+    for f in dataclasses.fields(cfg_cls):
+        typ = {"int": int, "float": float, "str": str}.get(str(f.type).split(" |")[0].replace("'", ""), str)
+        g.add_argument(f"--{f.name.replace('_', '-')}", type=typ, default=f.default, metavar=f.name.upper(),
+                       help=f"(default: {f.default})")
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -267,6 +312,62 @@ def cmd_profile(args) -> int:
     print(file=sys.stderr)
     print(markdown_table(report))
     print(f"report written to {args.output}/ (report.json, report.md, plots, side-by-side)")
+    return 0
+
+
+def cmd_train(args) -> int:
+    import dataclasses
+    import shutil
+
+    cfg = args.config_cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args.config_cls)})
+    if args.what == "vae":
+        from .training.vae import train_vae as run
+    elif args.what == "t2v":
+        from .training.t2v import train_t2v as run
+    else:
+        from .training.adherence import train_adherence as run
+    result = Path(run(args.run, cfg))
+    if args.export:
+        dest = Path(args.export)
+        if dest.exists():
+            shutil.rmtree(dest)
+        if result.is_dir():
+            shutil.copytree(result, dest)
+        else:
+            dest.mkdir(parents=True)
+            shutil.copy2(result, dest / "model.safetensors")
+            (dest / "config.json").write_text(json.dumps({"width": 32, "trained_steps": cfg.steps}, indent=2))
+        print(f"exported to {dest}")
+    return 0
+
+
+def cmd_eval_adherence(args) -> int:
+    from .adherence import evaluate_adherence, load_classifier
+    from .media import atomic_path
+
+    accelerators = _check_cache_spec(args.cache)
+    classifier = load_classifier(args.classifier)
+    pipe, _ = _load(args)
+    pipe.set_progress_bar_config(disable=True)
+    fields = {k: v for k, v in _request_fields(args).items() if v is not None}
+    splits = ["train", "held_out"] if args.split == "both" else [args.split]
+    results = {}
+    for split in splits:
+        def progress(i, n, split=split):
+            print(f"\r{split}: {i}/{n}", end="", file=sys.stderr, flush=True)
+
+        results[split] = evaluate_adherence(pipe, args.prompts, split, seed=args.seed, classifier=classifier,
+                                            accelerators=accelerators, progress=progress, **fields)
+        print(file=sys.stderr)
+    print(f"prompt adherence of {pipe.kinegen_spec.name} ({args.prompts} prompts per split)")
+    print(f"{'split':<10} {'shape':>7} {'colour':>7} {'motion':>7}")
+    for split, r in results.items():
+        a = r["accuracy"]
+        print(f"{split:<10} {a['shape']:>7.1%} {a['colour']:>7.1%} {a['motion']:>7.1%}")
+    if args.output:
+        with atomic_path(Path(args.output)) as tmp:
+            tmp.write_text(json.dumps({"model": pipe.kinegen_spec.name, "results": results}, indent=2))
+        print(f"wrote {args.output}")
     return 0
 
 

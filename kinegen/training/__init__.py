@@ -1,0 +1,1 @@
+"""Training loops behind ``kinegen train``: resumable, time-boxed, logged."""

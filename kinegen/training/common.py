@@ -1,0 +1,84 @@
+"""What every training loop here shares: resumable checkpoints, a time box, progress and logs.
+
+A run folder holds ``checkpoint/`` (model weights as safetensors, optimizer state, ``state.json``
+with the step) and ``log.jsonl`` (one JSON line per logged step). Running the same command again
+resumes from the checkpoint. Data is procedural and indexed by step, so a resumed run sees the
+same batches it would have seen without the interruption.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def save_checkpoint(run_dir: Path, modules: dict[str, torch.nn.Module], optimizer: torch.optim.Optimizer,
+                    step: int, extra: dict | None = None) -> None:
+    """Write the checkpoint atomically (a temporary folder renamed over the old one)."""
+    ckpt = run_dir / "checkpoint"
+    tmp = run_dir / "checkpoint.tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    for name, module in modules.items():
+        state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+        save_file(state, str(tmp / f"{name}.safetensors"))
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    (tmp / "state.json").write_text(json.dumps({"step": step, **(extra or {})}))
+    old = run_dir / "checkpoint.old"
+    if ckpt.exists():
+        os.replace(ckpt, old)
+    os.replace(tmp, ckpt)
+    if old.exists():
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+
+
+def load_checkpoint(run_dir: Path, modules: dict[str, torch.nn.Module], optimizer: torch.optim.Optimizer | None):
+    """Restore a checkpoint if one exists; returns ``(step, extra)`` (``(0, {})`` for a fresh run)."""
+    ckpt = run_dir / "checkpoint"
+    if not (ckpt / "state.json").is_file():
+        return 0, {}
+    for name, module in modules.items():
+        module.load_state_dict(load_file(str(ckpt / f"{name}.safetensors")))
+    if optimizer is not None and (ckpt / "optimizer.pt").is_file():
+        optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
+    state = json.loads((ckpt / "state.json").read_text())
+    return int(state.pop("step")), state
+
+
+class Progress:
+    """Prints ``step/total loss it/s eta`` and appends the same to ``log.jsonl``."""
+
+    def __init__(self, run_dir: Path, total: int, start: int, every: int = 20):
+        self.log = open(run_dir / "log.jsonl", "a")  # noqa: SIM115 (closed in close())
+        self.total, self.every = total, every
+        self.t0, self.s0 = time.perf_counter(), start
+        self.avg: dict[str, float] = {}
+
+    def update(self, step: int, **values: float) -> None:
+        for k, v in values.items():
+            self.avg[k] = 0.9 * self.avg.get(k, v) + 0.1 * v
+        if step % self.every and step != self.total:
+            return
+        elapsed = time.perf_counter() - self.t0
+        rate = (step - self.s0) / max(elapsed, 1e-9)
+        eta = (self.total - step) / max(rate, 1e-9)
+        shown = " ".join(f"{k} {v:.4f}" for k, v in self.avg.items())
+        print(f"step {step}/{self.total} {shown} | {rate:.2f} it/s | eta {eta / 60:.1f} min", flush=True)
+        self.log.write(json.dumps({"step": step, "time_s": elapsed, **self.avg}) + "\n")
+        self.log.flush()
+
+    def close(self) -> None:
+        self.log.close()
+
+
+def cosine_lr(step: int, total: int, base: float, warmup: int = 100) -> float:
+    if step < warmup:
+        return base * (step + 1) / warmup
+    p = (step - warmup) / max(1, total - warmup)
+    return base * (0.1 + 0.9 * 0.5 * (1 + torch.cos(torch.tensor(p * torch.pi)).item()))

@@ -1,0 +1,123 @@
+"""Train the bundled AutoencoderKLWan on procedural clips.
+
+The VAE is convolutional, so it trains on short clips (9 frames) and 64x64 crops and then runs
+at any size and length. The loss is MSE plus 0.2 L1, with object pixels weighted 5x (the flat
+background would otherwise dominate), and a KL term of 1e-6; it is computed on the decoder's
+output before diffusers' final clamp (see ``decode_unclamped``). With L1 alone or a learning rate
+above ~1e-3 this narrow VAE stalls at predicting the background. When training ends, per-channel latent
+statistics are measured on 17-frame 128x128 clips and stored as ``latents_mean``/``latents_std``
+in the config, which is how WanPipeline normalises latents.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..data.shapes import BACKGROUNDS, render_clip, sample_clip
+from ..models.shapes_t2v import build_vae
+from .common import Progress, cosine_lr, load_checkpoint, save_checkpoint
+from .configs import VAETrainConfig
+
+
+def to_tensor(clips: np.ndarray) -> torch.Tensor:
+    """uint8 [B, F, H, W, 3] -> float [B, 3, F, H, W] in [-1, 1]."""
+    return torch.from_numpy(clips).permute(0, 4, 1, 2, 3).float().div(127.5).sub(1.0)
+
+
+def decode_unclamped(vae, z: torch.Tensor) -> torch.Tensor:
+    """``vae.decode`` without its final clamp to [-1, 1], whose zero gradient outside the range lets
+    pixels that overshoot stay dead; the same frame-by-frame causal loop as AutoencoderKLWan._decode."""
+    vae.clear_cache()
+    x = vae.post_quant_conv(z)
+    frames = []
+    for i in range(z.shape[2]):
+        vae._conv_idx = [0]
+        frames.append(vae.decoder(x[:, :, i:i + 1], feat_cache=vae._feat_map, feat_idx=vae._conv_idx,
+                                  first_chunk=(i == 0)))
+    vae.clear_cache()
+    return torch.cat(frames, dim=2)
+
+
+def _batch(step: int, cfg: VAETrainConfig):
+    clips, masks = [], []
+    for i in range(cfg.batch_size):
+        seed = cfg.seed * 10_000_019 + step * cfg.batch_size + i
+        rng = np.random.default_rng(seed)
+        size = int(rng.choice([64, 96, 128]))
+        spec = sample_clip(seed, split="all")
+        clip = render_clip(spec, cfg.frames, size, size)
+        y = int(rng.integers(0, size - cfg.crop + 1))
+        x = int(rng.integers(0, size - cfg.crop + 1))
+        clip = clip[:, y:y + cfg.crop, x:x + cfg.crop]
+        bg = np.array(BACKGROUNDS[spec.background], np.int16)
+        fg = (np.abs(clip.astype(np.int16) - bg).max(-1) > 40).astype(np.float32)  # object pixels (approx.)
+        clips.append(clip)
+        masks.append(fg)
+    x = to_tensor(np.stack(clips))
+    w = 1.0 + 4.0 * torch.from_numpy(np.stack(masks))[:, None]
+    return x, w
+
+
+def train_vae(run_dir: str | Path, cfg: VAETrainConfig) -> Path:
+    """Train (or resume) in ``run_dir``; returns the folder of the saved VAE (``run_dir/vae``)."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    vae = build_vae()
+    opt = torch.optim.AdamW(vae.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.99))
+    step, _ = load_checkpoint(run_dir, {"vae": vae}, opt)
+    print(f"VAE: {sum(p.numel() for p in vae.parameters()) / 1e6:.2f}M parameters; starting at step {step}",
+          flush=True)
+    progress = Progress(run_dir, cfg.steps, step)
+    deadline = time.time() + cfg.max_minutes * 60 if cfg.max_minutes else None
+    vae.train()
+    while step < cfg.steps:
+        x, w = _batch(step, cfg)
+        for g in opt.param_groups:
+            g["lr"] = cosine_lr(step, cfg.steps, cfg.lr)
+        post = vae.encode(x).latent_dist
+        rec = decode_unclamped(vae, post.sample())
+        err = (rec - x).abs()
+        loss_rec = ((rec - x) ** 2 * w).mean() + 0.2 * (err * w).mean()
+        loss_kl = post.kl().mean() / x[0].numel()
+        loss = loss_rec + 1e-6 * loss_kl
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+        opt.step()
+        step += 1
+        progress.update(step, loss=loss_rec.item(), l1=err.mean().item())
+        out_of_time = deadline is not None and time.time() > deadline
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps or out_of_time:
+            save_checkpoint(run_dir, {"vae": vae}, opt, step)
+        if out_of_time:
+            print(f"time box reached at step {step}; run the same command again to continue", flush=True)
+            break
+    progress.close()
+    return export_vae(vae, run_dir / "vae", cfg.seed, cfg.stats_clips)
+
+
+@torch.no_grad()
+def latent_statistics(vae, n_clips: int = 64, seed: int = 123) -> tuple[list[float], list[float]]:
+    """Per-channel mean and std of the posterior means on 17-frame 128x128 clips."""
+    vae.eval()
+    zs = []
+    for i in range(0, n_clips, 8):
+        clips = np.stack([render_clip(sample_clip(seed + j, split="all"), 17, 128, 128) for j in range(i, i + 8)])
+        zs.append(vae.encode(to_tensor(clips)).latent_dist.mode())
+    z = torch.cat(zs).transpose(0, 1).reshape(vae.config.z_dim, -1)
+    return z.mean(1).tolist(), z.std(1).clamp_min(1e-3).tolist()
+
+
+def export_vae(vae, folder: Path, seed: int, n_clips: int = 64) -> Path:
+    mean, std = latent_statistics(vae, n_clips=n_clips, seed=seed + 123)
+    final = build_vae(mean, std)
+    final.load_state_dict(vae.state_dict())
+    final.save_pretrained(folder, safe_serialization=True)
+    print(f"saved VAE to {folder} (latents_mean {np.round(mean, 3).tolist()}, std {np.round(std, 3).tolist()})",
+          flush=True)
+    return folder

@@ -1,0 +1,79 @@
+"""Training pieces: tokenizer, exact equivalence of the training cross-attention, resumable loops."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from kinegen.models.shapes_t2v import build_text_encoder, build_tokenizer, build_transformer, encode_text
+from kinegen.training.common import load_checkpoint, save_checkpoint
+from kinegen.training.t2v import PaddedTextCrossAttention, encode_text_compact
+
+
+def test_tokenizer_round_trips_through_autotokenizer(tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = build_tokenizer()
+    tok.save_pretrained(tmp_path)
+    again = AutoTokenizer.from_pretrained(tmp_path)
+    text = "A Red circle moving to the right on a gray background"
+    assert again(text).input_ids == tok(text).input_ids
+    assert 2 not in tok(text).input_ids  # every word of a caption is in the vocabulary
+    assert tok("a red zebra").input_ids.count(2) == 1  # unknown words map to <unk>
+
+
+def test_compact_cross_attention_equals_512_token_padding():
+    torch.manual_seed(0)
+    tok, te, tr = build_tokenizer(), build_text_encoder(128), build_transformer().eval()
+    captions = ["a red circle moving right", "a small blue star shrinking on a checkered gray background"]
+    x, t = torch.randn(2, 8, 3, 8, 8), torch.tensor([700.0, 50.0])
+    with torch.no_grad():
+        ref = tr(x, timestep=t, encoder_hidden_states=encode_text(tok, te, captions), return_dict=False)[0]
+        proc = PaddedTextCrossAttention()
+        for block in tr.blocks:
+            block.attn2.set_processor(proc)
+        compact, proc.pad_copies = encode_text_compact(tok, te, captions)
+        out = tr(x, timestep=t, encoder_hidden_states=compact, return_dict=False)[0]
+    assert compact.shape[1] < 20 and proc.pad_copies > 490
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+
+
+def test_checkpoint_round_trip(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    save_checkpoint(tmp_path, {"m": model}, opt, step=7, extra={"note": "x"})
+    fresh = torch.nn.Linear(3, 2)
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=0.1)
+    step, extra = load_checkpoint(tmp_path, {"m": fresh}, fresh_opt)
+    assert step == 7 and extra == {"note": "x"}
+    torch.testing.assert_close(fresh.weight, model.weight)
+    assert fresh_opt.state_dict()["state"][0]["step"] == 1
+    assert json.loads((tmp_path / "checkpoint" / "state.json").read_text())["step"] == 7
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]
+
+
+def test_vae_training_resumes(tmp_path):
+    from kinegen.training.configs import VAETrainConfig
+    from kinegen.training.vae import train_vae
+
+    cfg = VAETrainConfig(steps=2, batch_size=1, frames=5, crop=32, checkpoint_every=1, stats_clips=8)
+    folder = train_vae(tmp_path, cfg)
+    assert (folder / "config.json").is_file()
+    assert json.loads((tmp_path / "checkpoint" / "state.json").read_text())["step"] == 2
+    cfg.steps = 3
+    train_vae(tmp_path, cfg)  # resumes at step 2 and runs one more
+    lines = (tmp_path / "log.jsonl").read_text().splitlines()
+    assert json.loads(lines[-1])["step"] == 3
+
+
+def test_adherence_classifier_shapes():
+    from kinegen.models.adherence import AdherenceClassifier, downsample_frames, prepare
+
+    frames = torch.randint(0, 255, (2, 9, 128, 96, 3), dtype=torch.uint8)
+    x = prepare(downsample_frames(frames))
+    assert x.shape == (2, 3, 17, 64, 64) and -1 <= x.min() and x.max() <= 1
+    logits = AdherenceClassifier()(x)
+    assert {k: v.shape for k, v in logits.items()} == {"shape": (2, 4), "colour": (2, 7), "motion": (2, 8)}
