@@ -34,7 +34,7 @@ def load_classifier(folder: str | Path | None = None):
         raise ModelNotFoundError(f"No adherence classifier at {weights}. Train one with "
                                  "`kinegen train adherence --export assets/models/adherence-classifier`.")
     config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
-    model = AdherenceClassifier(width=config.get("width", 32))
+    model = AdherenceClassifier(width=config.get("width", 16))
     model.load_state_dict(load_file(str(weights)))
     return model.eval()
 

@@ -336,7 +336,7 @@ def cmd_train(args) -> int:
         else:
             dest.mkdir(parents=True)
             shutil.copy2(result, dest / "model.safetensors")
-            (dest / "config.json").write_text(json.dumps({"width": 32, "trained_steps": cfg.steps}, indent=2))
+            (dest / "config.json").write_text(json.dumps({"width": 16, "trained_steps": cfg.steps}, indent=2))
         print(f"exported to {dest}")
     return 0
 

@@ -5,8 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kinegen.data.shapes import (COLOURS, DIAGONALS, MOTION_PHRASES, SHAPE_WORDS, SHAPES, combinations, is_held_out,
-                                 recaption, render_clip, sample_clip)
+from kinegen.data.shapes import (
+    COLOURS,
+    DIAGONALS,
+    MOTION_PHRASES,
+    SHAPE_WORDS,
+    SHAPES,
+    combinations,
+    is_held_out,
+    recaption,
+    render_clip,
+    sample_clip,
+)
 
 
 def test_same_seed_same_clip():

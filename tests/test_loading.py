@@ -153,3 +153,19 @@ def test_hub_id_of_a_registered_model_uses_its_spec(monkeypatch, tmp_path):
     assert resolve_model("THUDM/CogVideoX-2b").spec.name == "cogvideox-2b"
     unknown = resolve_model("someone/some-model")
     assert unknown.spec is None and unknown.repo_id == "someone/some-model"
+
+
+def test_bundled_models_load_from_assets(monkeypatch, saved_wan, tmp_path):
+    import kinegen.loading as loading
+    from kinegen.registry import ModelSpec
+
+    _copy(saved_wan, tmp_path / "models" / "my-bundled")
+    monkeypatch.setattr(loading, "ASSETS_DIR", tmp_path)
+    monkeypatch.setitem(MODELS, "my-bundled", ModelSpec("my-bundled", "wan", "test", 64, 64, 2, 1.0, frames=5,
+                                                        bundled="my-bundled"))
+    pipe = load_pipeline("my-bundled", device="cpu", cache=False)
+    assert pipe.kinegen_spec.name == "my-bundled"
+    assert {r["name"]: r for r in kinegen.describe_models()}["my-bundled"]["available"] is True
+    shutil.rmtree(tmp_path / "models" / "my-bundled" / "vae")
+    with pytest.raises(IncompleteModelFolderError, match="vae/"):
+        load_pipeline("my-bundled", cache=False)

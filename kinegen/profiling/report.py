@@ -49,13 +49,24 @@ def markdown_table(report: ProfileReport) -> str:
     return "\n".join(lines)
 
 
-def _plot_speedup_psnr(report: ProfileReport, path: Path) -> None:
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    return plt
+
+
+def _save_figure(fig, path: Path) -> None:
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    _pyplot().close(fig)
+
+
+def _plot_speedup_psnr(report: ProfileReport, path: Path) -> None:
+    fig, ax = _pyplot().subplots(figsize=(6, 4), dpi=120)
     cap = report.settings["psnr_cap_db"]
     # Runs identical to dense (PSNR at the cap) would squash the axis; the dashed line stands for them.
     shown = [r for r in report.runs if r["psnr_db"] < cap]
@@ -69,35 +80,24 @@ def _plot_speedup_psnr(report: ProfileReport, path: Path) -> None:
     ax.set_ylabel("PSNR vs dense (dB)")
     ax.set_title(f"{report.settings['model']}: speed against fidelity")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+    _save_figure(fig, path)
 
 
 def _plot_latency(report: ProfileReport, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     labels = [r["config"] for r in report.runs]
     x = np.arange(len(labels))
     med = np.array([r["latency_s"]["median"] for r in report.runs])
     lo = med - np.array([r["latency_s"]["min"] for r in report.runs])
     hi = np.array([r["latency_s"]["max"] for r in report.runs]) - med
     tr = np.array([r["transformer_s"]["median"] for r in report.runs])
-    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(labels) + 2), 4), dpi=120)
+    fig, ax = _pyplot().subplots(figsize=(max(5, 1.2 * len(labels) + 2), 4), dpi=120)
     ax.bar(x, med, color="#9bb8d3", label="end to end (median, min-max)", yerr=[lo, hi], capsize=3)
     ax.bar(x, tr, width=0.5, color="#2f6690", label="transformer")
     ax.set_xticks(x, labels, rotation=20, ha="right", fontsize=8)
     ax.set_ylabel("seconds per generation")
     ax.set_title(f"{report.settings['model']}: latency per configuration")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+    _save_figure(fig, path)
 
 
 def _label(frame: np.ndarray, text: str) -> np.ndarray:

@@ -6,7 +6,6 @@ contrast jitter, and random 17-frame clips rendered at 64 to 160 pixels before r
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ from safetensors.torch import save_file
 
 from ..data.shapes import COLOUR_NAMES, MOTIONS, SHAPES, render_clip, sample_clip
 from ..models.adherence import AdherenceClassifier, downsample_frames, prepare
-from .common import Progress, cosine_lr, load_checkpoint, save_checkpoint
+from .common import Progress, TimeBox, cosine_lr, load_checkpoint
 from .configs import AdherenceTrainConfig
 
 
@@ -58,7 +57,7 @@ def train_adherence(run_dir: str | Path, cfg: AdherenceTrainConfig) -> Path:
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=1e-4)
     step, _ = load_checkpoint(run_dir, {"classifier": model}, opt)
     progress = Progress(run_dir, cfg.steps, step)
-    deadline = time.time() + cfg.max_minutes * 60 if cfg.max_minutes else None
+    box = TimeBox(cfg.steps, cfg.checkpoint_every, cfg.max_minutes)
     model.train()
     while step < cfg.steps:
         rng = np.random.default_rng(cfg.seed * 7_777_777 + step)
@@ -74,11 +73,7 @@ def train_adherence(run_dir: str | Path, cfg: AdherenceTrainConfig) -> Path:
         step += 1
         acc = float(np.mean([(logits[k].argmax(1) == y[k]).float().mean().item() for k in y]))
         progress.update(step, loss=loss.item(), acc=acc)
-        out_of_time = deadline is not None and time.time() > deadline
-        if step % cfg.checkpoint_every == 0 or step == cfg.steps or out_of_time:
-            save_checkpoint(run_dir, {"classifier": model}, opt, step)
-        if out_of_time:
-            print(f"time box reached at step {step}; run the same command again to continue", flush=True)
+        if box.after_step(run_dir, {"classifier": model}, opt, step):
             break
     progress.close()
     out = run_dir / "adherence_classifier.safetensors"

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_model, save_model
 
 
 def save_checkpoint(run_dir: Path, modules: dict[str, torch.nn.Module], optimizer: torch.optim.Optimizer,
@@ -24,8 +24,7 @@ def save_checkpoint(run_dir: Path, modules: dict[str, torch.nn.Module], optimize
     tmp = run_dir / "checkpoint.tmp"
     tmp.mkdir(parents=True, exist_ok=True)
     for name, module in modules.items():
-        state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
-        save_file(state, str(tmp / f"{name}.safetensors"))
+        save_model(module, str(tmp / f"{name}.safetensors"))  # handles tied weights (UMT5's embeddings)
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     (tmp / "state.json").write_text(json.dumps({"step": step, **(extra or {})}))
     old = run_dir / "checkpoint.old"
@@ -44,7 +43,7 @@ def load_checkpoint(run_dir: Path, modules: dict[str, torch.nn.Module], optimize
     if not (ckpt / "state.json").is_file():
         return 0, {}
     for name, module in modules.items():
-        module.load_state_dict(load_file(str(ckpt / f"{name}.safetensors")))
+        load_model(module, str(ckpt / f"{name}.safetensors"))
     if optimizer is not None and (ckpt / "optimizer.pt").is_file():
         optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
     state = json.loads((ckpt / "state.json").read_text())
@@ -75,6 +74,23 @@ class Progress:
 
     def close(self) -> None:
         self.log.close()
+
+
+class TimeBox:
+    """Decides, after each step, whether to checkpoint and whether to stop (steps done or time up)."""
+
+    def __init__(self, total: int, every: int, max_minutes: float | None):
+        self.total, self.every = total, every
+        self.deadline = time.time() + max_minutes * 60 if max_minutes else None
+
+    def after_step(self, run_dir: Path, modules: dict[str, torch.nn.Module], optimizer, step: int) -> bool:
+        """Checkpoint when due; return True when training must stop now."""
+        out_of_time = self.deadline is not None and time.time() > self.deadline
+        if step % self.every == 0 or step >= self.total or out_of_time:
+            save_checkpoint(run_dir, modules, optimizer, step)
+        if out_of_time and step < self.total:
+            print(f"time box reached at step {step}; run the same command again to continue", flush=True)
+        return out_of_time or step >= self.total
 
 
 def cosine_lr(step: int, total: int, base: float, warmup: int = 100) -> float:

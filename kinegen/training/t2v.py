@@ -30,7 +30,7 @@ from ..models.shapes_t2v import (
     build_tokenizer,
     build_transformer,
 )
-from .common import Progress, cosine_lr, load_checkpoint, save_checkpoint
+from .common import Progress, TimeBox, cosine_lr, load_checkpoint
 from .configs import T2VTrainConfig
 from .vae import to_tensor
 
@@ -149,7 +149,7 @@ def train_t2v(run_dir: str | Path, cfg: T2VTrainConfig) -> Path:
     n_params = sum(p.numel() for p in params) / 1e6
     print(f"T2V: {n_params:.2f}M trainable parameters, {len(seeds)} clips; starting at step {step}", flush=True)
     progress = Progress(run_dir, cfg.steps, step)
-    deadline = time.time() + cfg.max_minutes * 60 if cfg.max_minutes else None
+    box = TimeBox(cfg.steps, cfg.checkpoint_every, cfg.max_minutes)
     for m in modules.values():
         m.train()
     while step < cfg.steps:
@@ -176,11 +176,7 @@ def train_t2v(run_dir: str | Path, cfg: T2VTrainConfig) -> Path:
             _ema_update(ema[k], modules[k], decay)
         step += 1
         progress.update(step, loss=loss.item())
-        out_of_time = deadline is not None and time.time() > deadline
-        if step % cfg.checkpoint_every == 0 or step == cfg.steps or out_of_time:
-            save_checkpoint(run_dir, ckpt_modules, opt, step)
-        if out_of_time:
-            print(f"time box reached at step {step}; run the same command again to continue", flush=True)
+        if box.after_step(run_dir, ckpt_modules, opt, step):
             break
     progress.close()
     return export_pipeline(run_dir / "pipeline", tokenizer, ema["text_encoder"], vae, ema["transformer"],
