@@ -44,7 +44,10 @@ def test_dense_against_itself(wan_report):
     dense, again = report.run("dense"), report.run("dense #2")
     assert dense["speedup"] == 1.0 and dense["psnr_db"] == metrics.PSNR_CAP_DB and dense["ssim"] == 1.0
     assert again["psnr_db"] == metrics.PSNR_CAP_DB and again["ssim"] == 1.0
-    assert 0.5 < again["speedup"] < 2.0  # same work; only timing noise separates them
+    # The same work (timing itself is for benchmarks, not unit tests): equal transformer calls, and the
+    # speedup is the ratio of the medians measured in this run.
+    assert again["transformer_calls"] == dense["transformer_calls"] == 2 * 2 * 6 * 2  # repeats, prompts, steps, CFG
+    assert again["speedup"] == pytest.approx(dense["latency_s"]["median"] / again["latency_s"]["median"])
 
 
 def test_cached_run_differs_and_is_reported(wan_report):

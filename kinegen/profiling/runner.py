@@ -213,7 +213,8 @@ def profile(pipe, prompts: list[str] | str, configs: list[str | ProfileConfig], 
         if progress is not None:
             progress(done, total, label)
 
-    samples = {c.label: {"latency": [], "transformer": [], "memory": [], "stats": None} for c in all_configs}
+    samples = {c.label: {"latency": [], "transformer": [], "memory": [], "calls": [], "stats": None}
+               for c in all_configs}
     frames: dict[tuple[str, int], np.ndarray] = {}
 
     for c in all_configs:
@@ -232,6 +233,7 @@ def profile(pipe, prompts: list[str] | str, configs: list[str | ProfileConfig], 
                 s["latency"].append(latency)
                 s["transformer"].append(result.timings["transformer"])
                 s["memory"].append(mem.peak_mb)
+                s["calls"].append(result.timings["transformer_calls"])
                 s["stats"] = result.accelerators
                 frames.setdefault((c.label, ri), result.frames)
                 tick(c.label)
@@ -259,6 +261,7 @@ def profile(pipe, prompts: list[str] | str, configs: list[str | ProfileConfig], 
             "lpips": float(np.mean(lp)) if len(lp) == len(requests) else None,
             "peak_memory_mb": float(max(s["memory"])),
             "samples": len(s["latency"]),
+            "transformer_calls": int(sum(s["calls"])),
             "accelerator_stats": s["stats"] or [],
         })
     spec = pipe.kinegen_spec
