@@ -87,7 +87,7 @@ class PaddedTextCrossAttention:
         q = attn.norm_q(attn.to_q(hidden_states)).unflatten(2, (attn.heads, -1)).transpose(1, 2)
         k = attn.norm_k(attn.to_k(encoder_hidden_states)).unflatten(2, (attn.heads, -1)).transpose(1, 2)
         v = attn.to_v(encoder_hidden_states).unflatten(2, (attn.heads, -1)).transpose(1, 2)
-        bias = torch.zeros(k.shape[2], dtype=q.dtype)
+        bias = torch.zeros(k.shape[2], dtype=q.dtype, device=q.device)
         bias[-1] = float(np.log(self.pad_copies))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.view(1, 1, 1, -1))
         out = out.transpose(1, 2).flatten(2, 3).type_as(q)
