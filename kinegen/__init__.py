@@ -40,6 +40,8 @@ _LAZY = {
     "get_adapter": ("adapters", "get_adapter"),
     "MODELS": ("registry", "MODELS"),
     "KinegenError": ("errors", "KinegenError"),
+    "MPGANPipeline": ("pipelines.mpgan", "MPGANPipeline"),
+    "MPGANGenerator": ("pipelines.mpgan", "MPGANGenerator"),
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

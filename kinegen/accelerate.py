@@ -39,10 +39,14 @@ class RunInfo:
         guidance_calls: how classifier-free guidance runs: ``"none"`` (one transformer call per step),
             ``"batched"`` (conditional and unconditional in one batch, e.g. CogVideoX) or ``"separate"``
             (two calls per step, e.g. Wan); caches without per-branch state need to know.
+        guidance_scale: the classifier-free guidance scale of the run (an input of the Map Predictor).
+        shape_key: ``(frames, height, width)`` of the request, for per-size calibrations.
     """
 
     num_inference_steps: int | None = None
     guidance_calls: str = "none"
+    guidance_scale: float | None = None
+    shape_key: tuple[int | None, int, int] | None = None
     dense_call: Callable[[], Any] | None = None
     model_key: str = ""
 
@@ -106,7 +110,8 @@ def register_accelerator(name: str, config_cls: type, apply: Callable, *, kind: 
 
 
 def _ensure_builtins() -> None:
-    from .caching import diffusers_caches  # noqa: F401  (registers the diffusers caches)
+    from .caching import diffusers_caches, map_guided  # noqa: F401  (registers the caches)
+    from .sparse_attn import backends  # noqa: F401  (registers the attention backends)
 
 
 def list_accelerators(kind: str | None = None) -> list[Accelerator]:

@@ -1,4 +1,4 @@
-"""The ``kinegen`` command line: generate, models, profile.
+"""The ``kinegen`` command line: generate, models, profile, calibrate, train, eval.
 
 Every user error (bad size, unknown model or accelerator, unwritable output...) prints one
 ``error:`` paragraph saying what to do and exits with status 2; no partial output file is
@@ -77,8 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default: a name made from the prompt and seed, in the current folder)")
     gen.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     gen.add_argument("--cache", metavar="NAME[:k=v,...]",
-                     help="a caching accelerator: first-block, taylorseer, mag, pab, faster (see `kinegen models "
-                          "--accelerators`)")
+                     help="a caching accelerator: mapguided, first-block, taylorseer, mag, pab, faster (see "
+                          "`kinegen models --accelerators`)")
+    gen.add_argument("--attention", metavar="NAME[:k=v,...]",
+                     help="an attention accelerator: dense-attention:backend=... (see `kinegen models --accelerators`)")
+    gen.add_argument("--heatmap", metavar="PNG",
+                     help="with --cache mapguided: also write the run's TVMap and caching plan as a heatmap")
     gen.add_argument("--json", action="store_true", help="print the timing summary as JSON")
     _add_generation_flags(gen)
     _add_loading_flags(gen)
@@ -116,16 +120,47 @@ def build_parser() -> argparse.ArgumentParser:
     _add_loading_flags(prof)
     prof.set_defaults(func=cmd_profile, model=DEFAULT_MODEL)
 
+    cal = sub.add_parser(
+        "calibrate", help="record TVMaps over prompts and train a Map Predictor (Map-Guided Caching)",
+        description="Run the model densely on every prompt (and seed) with the map-recording hook, fit the Map "
+                    "Predictor on the calibration prompts and report its rank correlation with the true maps on "
+                    "held-out prompts. Writes OUT/model.safetensors, OUT/config.json, OUT/maps.jsonl and "
+                    "OUT/calibration.json; use it with --cache mapguided:predictor=OUT.",
+        epilog="Example: kinegen calibrate --model kinegen-shapes-t2v --prompts prompts.txt --output my-predictor")
+    cal.add_argument("--prompts", required=True, metavar="FILE", help="text file, one prompt per line")
+    cal.add_argument("--output", "-o", required=True, metavar="DIR", help="folder for the predictor and its report")
+    cal.add_argument("--seeds", type=int, default=1, metavar="N", help="seeds 0..N-1 per prompt (default: %(default)s)")
+    cal.add_argument("--held-out", type=float, default=0.2, metavar="F",
+                     help="fraction of prompts kept out of fitting, for evaluation (default: %(default)s)")
+    cal.add_argument("--group-size", type=int, default=1, metavar="N",
+                     help="contiguous blocks per planned group (default: %(default)s)")
+    cal.add_argument("--maps", metavar="FILE", help="refit from an earlier maps.jsonl instead of recording")
+    cal.add_argument("--train-steps", type=int, default=2000, metavar="N",
+                     help="predictor optimisation steps (default: %(default)s)")
+    _add_generation_flags(cal)
+    _add_loading_flags(cal)
+    cal.set_defaults(func=cmd_calibrate, model=DEFAULT_MODEL)
+
     train = sub.add_parser("train", help="train the bundled models (resumable, time-boxed)",
                            description="Train the parts of the bundled models. Each run keeps a resumable "
                                        "checkpoint in its --run folder: the same command continues it.")
     tsub = train.add_subparsers(dest="what", metavar="WHAT", required=True)
-    from .training.configs import AdherenceTrainConfig, T2VTrainConfig, VAETrainConfig
+    from .training.configs import (
+        AdherenceTrainConfig,
+        GANClassifierTrainConfig,
+        GANTrainConfig,
+        T2VTrainConfig,
+        VAETrainConfig,
+    )
 
     for name, cfg_cls, run, helptext in [
         ("vae", VAETrainConfig, "runs/vae", "the video VAE (AutoencoderKLWan) on procedural clips"),
         ("t2v", T2VTrainConfig, "runs/t2v", "the text-to-video transformer and text encoder (needs a trained VAE)"),
         ("adherence", AdherenceTrainConfig, "runs/adherence", "the prompt-adherence classifier"),
+        ("gan", GANTrainConfig, "runs/gan", "the class-conditional MP-GAN (or --variant r3gan) on --data "
+                                            "shapes|imagefolder:PATH"),
+        ("gan-classifier", GANClassifierTrainConfig, "assets/models/gan-eval-classifier",
+         "the classifier whose features `kinegen eval gan` measures (held-out procedural images)"),
     ]:
         tp = tsub.add_parser(name, help=helptext, description=f"Train {helptext}.")
         tp.add_argument("--run", default=run, metavar="DIR", help="run folder (default: %(default)s)")
@@ -133,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_dataclass_flags(tp, cfg_cls)
         tp.set_defaults(func=cmd_train, config_cls=cfg_cls)
 
-    ev = sub.add_parser("eval", help="evaluate models (prompt adherence)")
+    ev = sub.add_parser("eval", help="evaluate models (prompt adherence, GAN metrics)")
     esub = ev.add_subparsers(dest="what", metavar="WHAT", required=True)
     adh = esub.add_parser(
         "adherence", help="per-attribute prompt adherence of a text-to-video model",
@@ -145,11 +180,24 @@ def build_parser() -> argparse.ArgumentParser:
                      help="attribute combinations to draw prompts from (default: %(default)s)")
     adh.add_argument("--seed", type=int, default=0, help="seed of the prompt set and generations (default: 0)")
     adh.add_argument("--cache", metavar="NAME[:k=v,...]", help="evaluate with a caching accelerator on")
+    adh.add_argument("--attention", metavar="NAME[:k=v,...]", help="evaluate with an attention accelerator on")
     adh.add_argument("--classifier", metavar="DIR", help="adherence classifier folder (default: the bundled one)")
     adh.add_argument("--output", "-o", metavar="FILE", help="write the results (with every prompt) as JSON")
     _add_generation_flags(adh)
     _add_loading_flags(adh)
     adh.set_defaults(func=cmd_eval_adherence, model=DEFAULT_MODEL)
+    evg = esub.add_parser(
+        "gan", help="FD, KID, precision/recall, class accuracy and mode coverage of a GAN",
+        description="Generate images of every class from an MPGANPipeline folder and compare them with held-out "
+                    "procedural images in the feature space of the bundled evaluation classifier (no downloads). "
+                    "With --inception-weights, the Inception FID too.")
+    evg.add_argument("--model", "-m", required=True, metavar="DIR", help="an MPGANPipeline folder")
+    evg.add_argument("--images", type=int, default=1200, metavar="N", help="generated and real images (default: 1200)")
+    evg.add_argument("--seed", type=int, default=0, help="seed of the generated set (default: 0)")
+    evg.add_argument("--classifier", metavar="DIR", help="evaluation classifier folder (default: the bundled one)")
+    evg.add_argument("--inception-weights", metavar="PATH", help="local Inception weights for the FID")
+    evg.add_argument("--output", "-o", metavar="FILE", help="write the metrics as JSON")
+    evg.set_defaults(func=cmd_eval_gan)
     return parser
 
 
@@ -192,17 +240,23 @@ def _default_output(prompt: str, seed: int, kind: str) -> Path:
     return Path(f"{slug}-seed{seed}.{'mp4' if kind == 'video' else 'png'}")
 
 
-def _check_cache_spec(spec: str | None):
+def _check_spec(spec: str | None, kind: str, flag: str) -> tuple[str, ...]:
     if spec is None:
         return ()
     from .accelerate import list_accelerators, parse_spec
     from .errors import ConfigError
 
     acc, _ = parse_spec(spec)
-    if acc.kind != "cache":
-        names = ", ".join(a.name for a in list_accelerators("cache"))
-        raise ConfigError(f"--cache takes a caching accelerator ({names}); {acc.name} is a {acc.kind} accelerator.")
+    if acc.kind != kind:
+        names = ", ".join(a.name for a in list_accelerators(kind))
+        raise ConfigError(f"{flag} takes a {kind} accelerator ({names}); {acc.name} is a {acc.kind} accelerator.")
     return (spec,)
+
+
+def _accelerator_specs(args) -> tuple[str, ...]:
+    """--cache and --attention, each checked against its kind."""
+    return _check_spec(args.cache, "cache", "--cache") + _check_spec(getattr(args, "attention", None), "attention",
+                                                                     "--attention")
 
 
 # ---------------------------------------------------------------------------- commands
@@ -215,7 +269,15 @@ def cmd_generate(args) -> int:
 
     request = GenerationRequest(prompt=args.prompt, seed=args.seed, **_request_fields(args))
     check_request_basics(request)
-    accelerators = _check_cache_spec(args.cache)
+    accelerators = _accelerator_specs(args)
+    if args.heatmap:
+        from .errors import ConfigError
+
+        if not (args.cache or "").startswith("mapguided"):
+            raise ConfigError("--heatmap shows Map-Guided Caching's map and plan; add --cache mapguided:speedup=S.")
+        if Path(args.heatmap).suffix.lower() != ".png":
+            raise ConfigError(f"--heatmap writes a PNG; give a file name ending in .png, not {args.heatmap}.")
+        check_output_path(args.heatmap, "image")
     spec = resolve_model(args.model).spec  # None for a hub id not downloaded yet
     if spec is not None:  # check the output before spending time on loading
         output = Path(args.output) if args.output else _default_output(args.prompt, args.seed, spec.kind)
@@ -249,8 +311,16 @@ def cmd_generate(args) -> int:
           f"({t['transformer_calls']} calls) | VAE decode {t['vae_decode']:.2f} s | other {t['other']:.2f} s | "
           f"generation total {t['total']:.2f} s | write {write_s:.2f} s")
     for st in result.accelerators:
-        extra = {k: v for k, v in st.items() if k not in ("name", "config")}
+        extra = {k: v for k, v in st.items() if k not in ("name", "config") and not isinstance(v, list)}
         print(f"accelerator {st['name']}: {st['config']}" + (f" {extra}" if extra else ""))
+        if args.heatmap and st["name"] == "mapguided" and st.get("map"):
+            from .caching.tvmap import save_heatmap
+
+            save_heatmap(args.heatmap, st["map"], st.get("plan"), st.get("groups"),
+                         f"{spec.name}, {r.steps} steps: requested {st['requested_speedup']:g}x, "
+                         f"{st['achieved_compute_fraction']:.0%} of block evaluations computed; map "
+                         f"{st['map_source']}")
+            print(f"wrote {args.heatmap} (TVMap and plan)")
     return 0
 
 
@@ -315,6 +385,40 @@ def cmd_profile(args) -> int:
     return 0
 
 
+def cmd_calibrate(args) -> int:
+    from .generation import GenerationRequest, check_request_basics
+    from .training.calibrate import calibrate, read_prompts
+
+    prompts = read_prompts(args.prompts)
+    fields = {k: v for k, v in _request_fields(args).items() if v is not None}
+    for p in prompts:
+        check_request_basics(GenerationRequest(prompt=p, **fields))
+    if not 0 <= args.held_out < 1 or args.seeds < 1 or args.group_size < 1:
+        from .errors import ConfigError
+
+        raise ConfigError("--held-out must be in [0, 1), --seeds and --group-size at least 1.")
+    pipe, _ = _load(args)
+    pipe.set_progress_bar_config(disable=True)
+
+    def progress(i, n):
+        print(f"\rrecording maps: {i}/{n}", end="", file=sys.stderr, flush=True)
+
+    report = calibrate(pipe, prompts, args.output, seeds=args.seeds, held_out=args.held_out,
+                       group_size=args.group_size, maps=args.maps, train_steps=args.train_steps,
+                       progress=progress, **fields)
+    print(file=sys.stderr)
+    m = report["metrics"]
+    print(f"{report['records']} maps ({report['calibration_prompts']} calibration / {report['held_out_prompts']} "
+          f"held-out), recorded in {report['record_s']:.0f} s, fitted in {report['fit_s']:.1f} s")
+    for split in ("train", "held_out"):
+        if m.get(split):
+            r = m[split]
+            print(f"{split:<9} Spearman: predicted {r['spearman_predicted_mean']:.3f} (min "
+                  f"{r['spearman_predicted_min']:.3f}), average map {r['spearman_average_mean']:.3f}")
+    print(f"predictor written to {args.output}/")
+    return 0
+
+
 def cmd_train(args) -> int:
     import dataclasses
     import shutil
@@ -324,6 +428,15 @@ def cmd_train(args) -> int:
         from .training.vae import train_vae as run
     elif args.what == "t2v":
         from .training.t2v import train_t2v as run
+    elif args.what == "gan":
+        from .training.gan import train_gan as run
+    elif args.what == "gan-classifier":
+        from .gan_eval import train_classifier
+
+        meta = train_classifier(args.run, **dataclasses.asdict(cfg), progress=lambda i, n, loss: print(
+            f"step {i}/{n} loss {loss:.4f}", flush=True))
+        print(f"saved to {args.run} (held-out accuracy {meta['test_accuracy']:.1%})")
+        return 0
     else:
         from .training.adherence import train_adherence as run
     result = Path(run(args.run, cfg))
@@ -345,7 +458,7 @@ def cmd_eval_adherence(args) -> int:
     from .adherence import evaluate_adherence, load_classifier
     from .media import atomic_path
 
-    accelerators = _check_cache_spec(args.cache)
+    accelerators = _accelerator_specs(args)
     classifier = load_classifier(args.classifier)
     pipe, _ = _load(args)
     pipe.set_progress_bar_config(disable=True)
@@ -368,6 +481,27 @@ def cmd_eval_adherence(args) -> int:
         with atomic_path(Path(args.output)) as tmp:
             tmp.write_text(json.dumps({"model": pipe.kinegen_spec.name, "results": results}, indent=2))
         print(f"wrote {args.output}")
+    return 0
+
+
+def cmd_eval_gan(args) -> int:
+    from .gan_eval import evaluate_pipeline, load_classifier
+    from .media import atomic_write_text
+    from .pipelines import MPGANPipeline
+
+    if args.images < 24:
+        from .errors import ConfigError
+
+        raise ConfigError("--images must be at least 24 (two per class); 1000 or more for stable FD/KID.")
+    clf = load_classifier(args.classifier)
+    pipe = MPGANPipeline.from_pretrained(args.model)
+    m = evaluate_pipeline(pipe, args.images, clf, seed=args.seed, fid_weights=args.inception_weights)
+    print(f"{args.model}: FD {m['fd']:.4f} | KID {m['kid']:.5f} +- {m['kid_std']:.5f} | precision "
+          f"{m['precision']:.3f} recall {m['recall']:.3f} | class accuracy {m['class_accuracy']:.1%} | modes "
+          f"{m['modes_covered']}/{m['modes']}" + (f" | Inception FID {m['inception_fid']:.2f}"
+                                                   if "inception_fid" in m else ""))
+    if args.output:
+        atomic_write_text(args.output, json.dumps(m, indent=2) + "\n")
     return 0
 
 

@@ -216,6 +216,8 @@ def generate(pipe, prompt: str | GenerationRequest, *, accelerators=(), step_cal
         kwargs["callback_on_step_end"] = on_step_end
     run = RunInfo(num_inference_steps=request.steps, model_key=_spec_of(pipe).name,
                   guidance_calls=family_for_pipeline(pipe).guidance_calls(request),
+                  guidance_scale=request.guidance,
+                  shape_key=(request.frames, request.height, request.width),
                   dense_call=lambda: run_pipeline(pipe, pipeline_kwargs(pipe, request)))
     handles = accelerate(pipe, *accelerators, run=run)
     try:

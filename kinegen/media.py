@@ -59,6 +59,13 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file and a rename (never half-written)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)
+
+
 def to_uint8(frames: np.ndarray) -> np.ndarray:
     """Float frames in [0, 1] (or uint8) to uint8, clipping."""
     if frames.dtype == np.uint8:

@@ -98,3 +98,15 @@ def test_caches_change_output_on_every_family(load_tiny, model, spec):
     fast = kinegen.generate(pipe, "a red circle", seed=0, steps=6, accelerators=[spec]).frames
     assert np.isfinite(fast).all()
     assert not np.array_equal(dense, fast), f"{spec} had no effect on {model}"
+
+
+def test_dense_attention_backend_is_selectable_and_removable(wan):
+    from kinegen.errors import ConfigError as _ConfigError
+
+    dense = kinegen.generate(wan, "a red circle", seed=3, steps=4).frames
+    math = kinegen.generate(wan, "a red circle", seed=3, steps=4,
+                            accelerators=["dense-attention:backend=_native_math"])
+    np.testing.assert_allclose(math.frames, dense, atol=2e-3)
+    assert math.accelerators[0]["processors"] > 0
+    with pytest.raises(_ConfigError, match="backend must be one of"):
+        parse_spec("dense-attention:backend=magic")

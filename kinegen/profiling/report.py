@@ -6,6 +6,7 @@ Every file is written atomically (a temporary file renamed into place).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -46,6 +47,14 @@ def markdown_table(report: ProfileReport) -> str:
     lines += ["", f"PSNR and SSIM are against the dense output of the same prompt and seed; identical outputs "
               f"report {s['psnr_cap_db']:.0f} dB. Speedups are ratios of medians from this run. LPIPS: {s['lpips']}.",
               ""]
+    notes = [(r["config"], st) for r in report.runs for st in r.get("accelerator_stats") or []]
+    if notes:
+        lines += ["Accelerator stats (last timed run of each configuration):", ""]
+        for label, st in notes:
+            scalars = ", ".join(f"{k} {_fmt(v, '.3g') if isinstance(v, float) else v}" for k, v in st.items()
+                                if k not in ("name", "config") and not isinstance(v, (list, dict)) and v is not None)
+            lines.append(f"- `{label}`: {scalars}")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -140,6 +149,14 @@ def write_report(report: ProfileReport, output_dir: Path) -> dict[str, Path]:
         tmp.write_text(markdown_table(report))
     _plot_speedup_psnr(report, paths["speedup_vs_psnr"])
     _plot_latency(report, paths["latency"])
+    for r in report.runs:
+        for st in r.get("accelerator_stats") or []:
+            if st.get("map") and st.get("plan"):  # Map-Guided Caching: its map and plan
+                from ..caching.tvmap import save_heatmap
+
+                name = re.sub(r"[^a-zA-Z0-9]+", "_", r["config"]).strip("_")
+                paths[f"plan_{name}"] = Path(save_heatmap(output_dir / f"plan_{name}.png", st["map"], st["plan"],
+                                                          st.get("groups"), r["config"]))
     grid = side_by_side(report)
     if report.kind == "video":
         write_video(paths["side_by_side"], grid, fps=report.fps)

@@ -43,3 +43,31 @@ class AdherenceTrainConfig:
     seed: int = 1
     max_minutes: float | None = None
     checkpoint_every: int = 200
+
+
+@dataclasses.dataclass
+class GANTrainConfig:
+    data: str = "shapes"  # "shapes" or "imagefolder:PATH"
+    variant: str = "mp"  # "mp" (all magnitude-preserving changes) or "r3gan" (baseline)
+    ablate: str = ""  # comma-separated MP switches to turn off, e.g. "centering,mp_lrelu"
+    resolution: int = 32
+    widths: str = "128,128,96,64"
+    steps: int = 3000
+    batch_size: int = 32
+    lr: float = 0.0  # 0 = the variant's default (MP 1e-2, R3GAN 2e-4), decayed 10x by a cosine to the end
+    gamma: float = 1.0  # R1/R2 weight at the start, decayed 10x by a cosine
+    dataset_images: int = 20000  # procedural images (the "shapes" data) drawn from a fixed pool
+    ema_sigma_rels: str = "0.05,0.10"
+    snapshot_every: int = 250
+    magnitude_every: int = 50
+    seed: int = 0
+    max_minutes: float | None = None
+    checkpoint_every: int = 250
+
+
+@dataclasses.dataclass
+class GANClassifierTrainConfig:
+    steps: int = 800
+    batch_size: int = 64
+    resolution: int = 32
+    seed: int = 0

@@ -1,0 +1,103 @@
+"""Summarise the Map-Guided Caching benchmark runs into Markdown tables (prints to stdout).
+
+    python benchmarks/caching_summary.py benchmarks/results/caching
+
+Reads, from the results folder: ``main/report.json`` (kinegen profile: mapguided at several requested
+speedups and the diffusers caches at several settings), ``ablation_simple/report.json`` and
+``ablation_complex/report.json`` (predicted vs average map, DP vs greedy planner), ``adherence/*.json``
+(kinegen eval adherence outputs) and the predictor's ``calibration.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def _load(path: Path):
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _mg(run: dict) -> dict:
+    return next((s for s in run.get("accelerator_stats") or [] if s.get("name") == "mapguided"), {})
+
+
+def main_table(report: dict) -> list[str]:
+    lines = ["| config | requested | transformer speedup | within 10% | end-to-end speedup | PSNR dB | SSIM | "
+             "computed blocks | predict + plan ms | share of run |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in report["runs"]:
+        st = _mg(r)
+        req = st.get("requested_speedup")
+        ts = r["transformer_speedup"]
+        ok = "" if req is None or ts is None else ("yes" if abs(ts / req - 1) <= 0.10 else "no")
+        cost = (st.get("predict_ms", 0) + st.get("plan_ms", 0)) if st else None
+        share = f"{cost / 1e3 / r['latency_s']['median']:.2%}" if cost is not None else ""
+        lines.append(
+            f"| `{r['config']}` | {req or ''} | {ts:.2f}x | {ok} | {r['speedup']:.2f}x | {r['psnr_db']:.2f} | "
+            f"{r['ssim']:.4f} | {st.get('achieved_compute_fraction', 1):.0%} | "
+            f"{'' if cost is None else f'{cost:.1f}'} | {share} |")
+    return lines
+
+
+def matched(report: dict) -> list[str]:
+    """For each mapguided run, the peer run of each family closest in measured transformer speedup."""
+    runs = [r for r in report["runs"] if r["config"] != "dense"]
+    ours = [r for r in runs if r["config"].startswith("mapguided")]
+    lines = ["| mapguided | speedup | PSNR | SSIM | peer | speedup | PSNR | SSIM | ours better |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for o in ours:
+        for fam in ("first-block", "taylorseer", "mag"):
+            peers = [r for r in runs if r["config"].startswith(fam)]
+            if not peers:
+                continue
+            p = min(peers, key=lambda r: abs(r["transformer_speedup"] - o["transformer_speedup"]))
+            better = o["psnr_db"] > p["psnr_db"] and o["ssim"] > p["ssim"]
+            lines.append(f"| `{o['config']}` | {o['transformer_speedup']:.2f}x | {o['psnr_db']:.2f} | {o['ssim']:.4f} "
+                         f"| `{p['config']}` | {p['transformer_speedup']:.2f}x | {p['psnr_db']:.2f} | "
+                         f"{p['ssim']:.4f} | {'yes' if better else 'no'} |")
+    return lines
+
+
+def ablation(report: dict) -> list[str]:
+    lines = ["| config | transformer speedup | PSNR dB | SSIM | predicted error |", "|---|---|---|---|---|"]
+    for r in report["runs"]:
+        if r["config"] == "dense":
+            continue
+        st = _mg(r)
+        err = st.get("predicted_error")
+        lines.append(f"| `{r['config']}` | {r['transformer_speedup']:.2f}x | {r['psnr_db']:.2f} | {r['ssim']:.4f} | "
+                     f"{'' if err is None else f'{err:.3f}'} |")
+    return lines
+
+
+def adherence(folder: Path) -> list[str]:
+    lines = ["| config | split | prompts | shape | colour | motion |", "|---|---|---|---|---|---|"]
+    for path in sorted(folder.glob("*.json")):
+        data = json.loads(path.read_text())
+        for split, r in data["results"].items():
+            a = r["accuracy"]
+            lines.append(f"| {path.stem} | {split} | {r['n']} | {a['shape']:.0%} | {a['colour']:.0%} | "
+                         f"{a['motion']:.0%} |")
+    return lines
+
+
+def main(folder: str) -> None:
+    root = Path(folder)
+    out = []
+    main_report = _load(root / "main" / "report.json")
+    if main_report:
+        out += ["## Requested against achieved speedup", "", *main_table(main_report), "",
+                "## Matched speedup against diffusers' caches", "", *matched(main_report), ""]
+    for name in ("simple", "complex"):
+        rep = _load(root / f"ablation_{name}" / "report.json")
+        if rep:
+            out += [f"## Ablation, {name} prompts", "", *ablation(rep), ""]
+    if (root / "adherence").is_dir():
+        out += ["## Prompt adherence", "", *adherence(root / "adherence"), ""]
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/caching")

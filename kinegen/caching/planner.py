@@ -1,0 +1,272 @@
+"""Map-Guided Caching planners: a Temporal Variation Map in, a compute/reuse plan out.
+
+Notation (docs/caching.md): ``T`` denoising steps, ``G`` block groups, ``V[t, g] >= 0`` the map
+(how much group ``g``'s contribution changed from step ``t-1`` to ``t``). A plan is a boolean
+``compute[t, g]``; where it is False the group's cached contribution from its last computed step
+(its *anchor*) is reused.
+
+- :func:`orientation_plan` (the *orientation planner*) decides, for every group and every number
+  ``k`` of computed steps, *on which steps* to compute: dynamic programming over the map that
+  minimises the accumulated drift of reused contributions (a global plan over all steps, not a
+  per-step threshold).
+- :func:`quantity_plan` (the *quantity planner*) turns a requested speedup into a compute budget
+  and splits it over groups (Lagrangian bisection, then greedy top-up on marginal gains).
+- :func:`threshold_plan` is the greedy per-step rule used as the ablation baseline.
+
+Error model (our reading; the paper body is not public): reusing the anchor ``s`` at step ``u``
+costs the drift accumulated since the anchor, ``D(s, u) = sum_{v=s+1..u} V[v]``; a segment that
+computes ``s`` and reuses ``s+1 .. e-1`` costs ``c(s, e) = sum_{u=s+1..e-1} D(s, u)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..errors import ConfigError
+
+INF = float("inf")
+
+
+@dataclasses.dataclass(frozen=True)
+class Guards:
+    """Rules every plan keeps (the usual guard rails of step caches).
+
+    ``warmup`` first steps and ``cooldown`` last steps are always computed (at least the first
+    and the last); a group reuses its cache on at most ``max_reuse`` consecutive steps.
+    """
+
+    warmup: int = 1
+    cooldown: int = 1
+    max_reuse: int = 3
+
+    def forced(self, steps: int) -> np.ndarray:
+        f = np.zeros(steps, dtype=bool)
+        f[: max(1, self.warmup)] = True
+        f[steps - max(1, self.cooldown):] = True
+        return f
+
+
+@dataclasses.dataclass
+class Plan:
+    """``compute[t, g]`` with the costs it was planned under."""
+
+    compute: np.ndarray  # [T, G] bool
+    group_costs: np.ndarray  # [G], relative cost of one group evaluation
+    predicted_error: float  # sum of segment costs under the map it was planned on
+
+    @property
+    def compute_fraction(self) -> float:
+        """Executed over dense block compute."""
+        total = self.group_costs.sum() * self.compute.shape[0]
+        return float((self.compute * self.group_costs[None]).sum() / total)
+
+    def to_dict(self) -> dict:
+        return {"compute": self.compute.astype(int).tolist(), "group_costs": self.group_costs.tolist(),
+                "compute_fraction": self.compute_fraction, "predicted_error": self.predicted_error}
+
+
+def segment_costs(v: np.ndarray, guards: Guards) -> np.ndarray:
+    """``C[g, s, e]``: cost of computing ``s``, reusing ``s+1..e-1`` and computing ``e`` next, per group.
+
+    ``v`` is ``[T, G]``. Invalid segments (``e <= s``, longer than ``max_reuse`` reuses, or skipping
+    a forced step) are ``inf``.
+    """
+    steps, groups = v.shape
+    p = np.cumsum(v, axis=0)  # P[u] = sum_{v<=u} V[v]
+    q = np.cumsum(p, axis=0)  # Q[u] = sum_{w<=u} P[w]
+    s = np.arange(steps)[:, None]
+    e = np.arange(steps)[None, :]
+    n_reused = e - s - 1
+    # c(s, e) = sum_{u=s+1}^{e-1} (P[u] - P[s]) = (Q[e-1] - Q[s]) - (e-1-s) P[s]
+    q_em1 = q[np.clip(e - 1, 0, None)[0]]  # [T(e), G]
+    cost = (q_em1[None, :, :] - q[:, None, :]) - n_reused[:, :, None] * p[:, None, :]
+    cost = np.where((n_reused >= 0)[:, :, None], np.maximum(cost, 0.0), INF)
+    valid = (n_reused >= 0) & (n_reused <= guards.max_reuse)
+    forced = guards.forced(steps)
+    # a segment may not skip over a forced step: no forced u with s < u < e
+    fc = np.cumsum(forced.astype(int))
+    between = fc[np.clip(e - 1, 0, None)] - fc[s]
+    valid &= ~((n_reused > 0) & (between > 0))
+    cost[~valid] = INF
+    return np.transpose(cost, (2, 0, 1))  # [G, s, e]
+
+
+def orientation_plan(v: np.ndarray, guards: Guards) -> tuple[np.ndarray, np.ndarray]:
+    """The orientation planner: for each group and each count ``k`` of computed steps, the best steps.
+
+    Dynamic programming ``F[k][e] = min_s F[k-1][s] + c(s, e)`` with step 0 computed (``F[1][0] = 0``)
+    and the last step computed. Returns ``best[g, k]`` (minimal accumulated drift with ``k`` computed
+    steps; ``inf`` if impossible) and ``choice[g, k, T]`` (the computed steps as a boolean mask).
+    """
+    v = np.asarray(v, dtype=np.float64)
+    steps, groups = v.shape
+    cost = segment_costs(v, guards)  # [G, s, e]
+    f = np.full((steps + 1, groups, steps), INF)
+    back = np.zeros((steps + 1, groups, steps), dtype=np.int64)
+    f[1, :, 0] = 0.0
+    for k in range(2, steps + 1):
+        tot = f[k - 1][:, :, None] + cost  # [G, s, e]
+        back[k] = np.argmin(tot, axis=1)
+        f[k] = np.take_along_axis(tot, back[k][:, None, :], axis=1)[:, 0, :]
+    best = f[:, :, steps - 1].T  # [G, k]
+    choice = np.zeros((groups, steps + 1, steps), dtype=bool)
+    for g in range(groups):
+        for k in range(1, steps + 1):
+            if not np.isfinite(best[g, k]):
+                continue
+            e = steps - 1
+            for kk in range(k, 0, -1):
+                choice[g, k, e] = True
+                e = back[kk, g, e]
+    return best, choice
+
+
+def min_compute_steps(steps: int, guards: Guards) -> int:
+    """The fewest computed steps any group can have under ``guards``."""
+    forced = guards.forced(steps)
+    count, run = 0, 0
+    for t in range(steps):
+        if forced[t] or run == guards.max_reuse:
+            count, run = count + 1, 0
+        else:
+            run += 1
+    return count
+
+
+def max_speedup(steps: int, guards: Guards, overhead: float = 0.0) -> float:
+    """The highest speedup a plan can reach (every group at its fewest computed steps)."""
+    frac = min_compute_steps(steps, guards) / steps
+    return 1.0 / (overhead + (1.0 - overhead) * frac)
+
+
+def compute_budget(speedup: float, overhead: float) -> float:
+    """Fraction of dense block compute that gives ``speedup`` when ``overhead`` of the time is outside blocks.
+
+    ``overhead + (1 - overhead) * f = 1 / speedup``  =>  ``f = (1/speedup - overhead) / (1 - overhead)``.
+    """
+    return (1.0 / speedup - overhead) / (1.0 - overhead)
+
+
+def _allocate(best: np.ndarray, costs: np.ndarray, budget_units: float) -> np.ndarray:
+    """Split ``budget_units`` of compute over groups: Lagrangian bisection, then greedy top-up."""
+    groups, kmax = best.shape[0], best.shape[1] - 1
+    ks = np.arange(kmax + 1)
+
+    def pick(lam: float) -> np.ndarray:
+        obj = best + lam * ks[None, :] * costs[:, None]
+        return np.argmin(obj, axis=1)
+
+    lo, hi = 0.0, 1.0
+    while (pick(hi) * costs).sum() > budget_units and hi < 1e12:
+        hi *= 4.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if (pick(mid) * costs).sum() > budget_units:
+            lo = mid
+        else:
+            hi = mid
+    k = pick(hi)
+    # greedy top-up: spend what is left where one more computed step removes the most drift per cost
+    used = float((k * costs).sum())
+    while True:
+        gains = np.full(groups, -INF)
+        for g in range(groups):
+            if k[g] < kmax and used + costs[g] <= budget_units + 1e-9:
+                nxt = best[g, k[g] + 1:]
+                finite = np.isfinite(nxt)
+                if finite.any():
+                    j = int(np.argmax(finite))  # next feasible count
+                    if used + (j + 1) * costs[g] <= budget_units + 1e-9:
+                        gains[g] = (best[g, k[g]] - nxt[j]) / ((j + 1) * costs[g])
+        g = int(np.argmax(gains))
+        if not np.isfinite(gains[g]):
+            break
+        j = int(np.argmax(np.isfinite(best[g, k[g] + 1:])))
+        k[g] += j + 1
+        used += (j + 1) * costs[g]
+    return k
+
+
+def quantity_plan(v: np.ndarray, speedup: float, guards: Guards, group_costs: np.ndarray | None = None,
+                  overhead: float = 0.0) -> Plan:
+    """The quantity planner: a requested ``speedup`` -> a budget -> computed steps per group -> a plan.
+
+    ``overhead`` is the share of transformer time spent outside the planned blocks (embedders, final
+    layer, hooks), measured by the cache itself. Raises :class:`ConfigError` for an impossible speedup.
+    """
+    v = np.asarray(v, dtype=np.float64)
+    steps, groups = v.shape
+    costs = np.ones(groups) if group_costs is None else np.asarray(group_costs, dtype=np.float64)
+    if speedup < 1.0:
+        raise ConfigError(f"mapguided: speedup={speedup} is below 1; ask for 1 (no caching) or more.")
+    top = max_speedup(steps, guards, overhead)
+    if speedup > top * (1 + 1e-9):
+        raise ConfigError(
+            f"mapguided: speedup={speedup:g} is not reachable with {steps} steps: computing the first "
+            f"{max(1, guards.warmup)} and last {max(1, guards.cooldown)} steps, reusing at most {guards.max_reuse} "
+            f"steps in a row and {overhead:.0%} of the time outside the cached blocks, the most is {top:.2f}x. "
+            "Lower the speedup, raise max_reuse, or use more steps.")
+    if speedup == 1.0:
+        return Plan(np.ones((steps, groups), dtype=bool), costs, 0.0)
+    budget = compute_budget(speedup, overhead) * steps * costs.sum()
+    best, choice = orientation_plan(v, guards)
+    k = _allocate(best, costs, budget)
+    compute = np.stack([choice[g, k[g]] for g in range(groups)], axis=1)
+    err = float(sum(best[g, k[g]] for g in range(groups)))
+    return Plan(compute, costs, err)
+
+
+def plan_error(v: np.ndarray, compute: np.ndarray) -> float:
+    """Accumulated drift of a plan under a map (the quantity the orientation planner minimises)."""
+    v = np.asarray(v, dtype=np.float64)
+    total = 0.0
+    for g in range(v.shape[1]):
+        drift = 0.0
+        for t in range(v.shape[0]):
+            if compute[t, g]:
+                drift = 0.0
+            else:
+                drift += v[t, g]
+                total += drift
+    return total
+
+
+def threshold_plan(v: np.ndarray, speedup: float, guards: Guards, group_costs: np.ndarray | None = None,
+                   overhead: float = 0.0) -> Plan:
+    """Ablation baseline: a greedy per-step rule with the same budget.
+
+    Walking the steps, a group reuses while the drift accumulated since its anchor stays under a
+    threshold ``tau`` (and the guards allow); ``tau`` is bisected so the plan spends the same
+    budget as :func:`quantity_plan`. This is how threshold caches (TeaCache, FBCache) decide.
+    """
+    v = np.asarray(v, dtype=np.float64)
+    steps, groups = v.shape
+    costs = np.ones(groups) if group_costs is None else np.asarray(group_costs, dtype=np.float64)
+    if speedup <= 1.0:
+        return Plan(np.ones((steps, groups), dtype=bool), costs, 0.0)
+    budget = compute_budget(speedup, overhead) * steps * costs.sum()
+    forced = guards.forced(steps)
+
+    def walk(tau: float) -> np.ndarray:
+        compute = np.zeros((steps, groups), dtype=bool)
+        for g in range(groups):
+            drift, run = 0.0, 0
+            for t in range(steps):
+                nxt = drift + v[t, g]
+                if forced[t] or run == guards.max_reuse or nxt > tau:
+                    compute[t, g], drift, run = True, 0.0, 0
+                else:
+                    drift, run = nxt, run + 1
+        return compute
+
+    lo, hi = 0.0, float(v.sum()) + 1.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if (walk(mid) * costs[None]).sum() > budget:
+            lo = mid
+        else:
+            hi = mid
+    compute = walk(hi)
+    return Plan(compute, costs, plan_error(v, compute))

@@ -1,0 +1,123 @@
+"""The Temporal Variation Map (TVMap): how much each block group's contribution changes per step.
+
+``V[t, g] = ||r_g^t - r_g^{t-1}||_1 / ||h_g^t||_1`` where ``r_g^t`` is group ``g``'s residual
+(its output minus its input, over every stream it updates) at step ``t`` and ``h_g^t`` its
+output. Normalising by the residual stream rather than by the residual itself keeps the entries
+of different groups in one unit (the error a reuse adds to the stream), which a *global* plan
+over groups needs; docs/caching.md discusses the choice. ``V[0]`` has no previous step and is
+set to ``V[1]``; planners always compute step 0.
+
+Maps are stored on their own step grid and resampled to another step count along normalised
+time, scaled by ``T_old / T_new`` (a per-step change shrinks with the step size).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class TVMap:
+    """A ``[steps, groups]`` map with the group names it refers to."""
+
+    values: np.ndarray
+    groups: list[str]
+
+    def __post_init__(self):
+        self.values = np.asarray(self.values, dtype=np.float64)
+        if self.values.ndim != 2 or self.values.shape[1] != len(self.groups):
+            raise ValueError(f"TVMap values must be [steps, {len(self.groups)}], got {self.values.shape}")
+
+    @property
+    def steps(self) -> int:
+        return self.values.shape[0]
+
+    def resample(self, steps: int) -> TVMap:
+        return TVMap(resample(self.values, steps), list(self.groups))
+
+    def to_dict(self) -> dict:
+        return {"values": self.values.tolist(), "groups": list(self.groups)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TVMap:
+        return cls(np.asarray(d["values"]), list(d["groups"]))
+
+
+def resample(values: np.ndarray, steps: int) -> np.ndarray:
+    """Linear interpolation of a ``[T, G]`` map onto ``steps`` points of normalised time, rescaled."""
+    values = np.asarray(values, dtype=np.float64)
+    t_old = values.shape[0]
+    if t_old == steps:
+        return values.copy()
+    x_old = np.linspace(0.0, 1.0, t_old)
+    x_new = np.linspace(0.0, 1.0, steps)
+    out = np.stack([np.interp(x_new, x_old, values[:, g]) for g in range(values.shape[1])], axis=1)
+    return out * (t_old - 1) / max(1, steps - 1)
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman rank correlation of two maps over all cells (steps >= 1; step 0 is never planned)."""
+    a = np.asarray(a, dtype=np.float64)[1:].ravel()
+    b = np.asarray(b, dtype=np.float64)[1:].ravel()
+    ra = np.argsort(np.argsort(a, kind="stable"), kind="stable").astype(np.float64)
+    rb = np.argsort(np.argsort(b, kind="stable"), kind="stable").astype(np.float64)
+    ra -= ra.mean()
+    rb -= rb.mean()
+    den = np.sqrt((ra**2).sum() * (rb**2).sum())
+    return float((ra * rb).sum() / den) if den > 0 else 0.0
+
+
+def save_heatmap(path: str | os.PathLike, tvmap: np.ndarray, plan: np.ndarray | None = None,
+                 groups: list[str] | None = None, title: str = "") -> str:
+    """Write the map (log scale) and, beside it, the plan (computed cells dark) as one PNG, atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..media import atomic_path
+
+    tvmap = np.asarray(tvmap, dtype=np.float64)
+    ncols = 2 if plan is not None else 1
+    fig, axes = plt.subplots(1, ncols, figsize=(4.2 * ncols + 1, 3.6), squeeze=False)
+    ax = axes[0, 0]
+    im = ax.imshow(np.log10(tvmap.T + 1e-8), aspect="auto", origin="lower", cmap="magma")
+    ax.set_title("TVMap (log10)")
+    ax.set_xlabel("step")
+    ax.set_ylabel("block group")
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    if plan is not None:
+        ax = axes[0, 1]
+        ax.imshow(np.asarray(plan, dtype=float).T, aspect="auto", origin="lower", cmap="Greys", vmin=0, vmax=1)
+        frac = float(np.asarray(plan).mean())
+        ax.set_title(f"plan: computed (black) {frac:.0%}")
+        ax.set_xlabel("step")
+    if groups is not None and len(groups) <= 24:
+        for a in axes[0]:
+            a.set_yticks(range(len(groups)))
+            a.set_yticklabels(groups, fontsize=6)
+    if title:
+        import textwrap
+
+        fig.suptitle(textwrap.fill(title, 60 * ncols), fontsize=8)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def save_maps(path: str | os.PathLike, records: list[dict]) -> None:
+    """Write recorded maps (one JSON object per run) atomically."""
+    from ..media import atomic_write_text
+
+    atomic_write_text(path, "\n".join(json.dumps(r) for r in records) + "\n")
+
+
+def load_maps(path: str | os.PathLike) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,117 @@
+"""The Map Predictor of Map-Guided Caching: a TVMap from what is known before denoising starts.
+
+Inputs (one feature vector per run, see :func:`kinegen.caching.map_guided.run_features`):
+the prompt embedding (mean of the text encoder's non-padding tokens), the initial noise
+(per-channel mean and standard deviation of the transformer's first input, which for FLUX
+Kontext includes the reference latent), and four scalars: log frames, log tokens per frame,
+steps / 50 and guidance / 10.
+
+Output: ``log V`` on a fixed grid of ``steps_ref`` points of normalised time by ``groups``,
+as a learned average map plus a rank-``r`` correction ``U(x) W(x)`` (the low-rank head of
+docs/caching.md); the run's map is resampled from it to the run's step count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+
+NUM_SCALARS = 4
+
+
+@dataclasses.dataclass
+class MapPredictorConfig:
+    """Shape of the network and what it was trained for (checked before use)."""
+
+    text_dim: int
+    latent_channels: int
+    groups: int
+    steps_ref: int = 32
+    hidden: int = 128
+    rank: int = 4
+    # what the predictor belongs to
+    model_key: str = ""
+    transformer_class: str = ""
+    group_names: list[str] = dataclasses.field(default_factory=list)
+    group_size: int = 1
+    trained_sizes: list[list[int]] = dataclasses.field(default_factory=list)  # [frames, height, width]
+    trained_steps: list[int] = dataclasses.field(default_factory=list)
+    metrics: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def feature_dim(self) -> int:
+        return self.text_dim + 2 * self.latent_channels + NUM_SCALARS
+
+
+class MapPredictor(nn.Module):
+    """``log V_hat[b, s, g] = M[s, g] + sum_r U[b, s, r] W[b, r, g]`` with ``U, W = MLP(features)``."""
+
+    def __init__(self, config: MapPredictorConfig):
+        super().__init__()
+        self.config = config
+        c = config
+        self.register_buffer("feature_mean", torch.zeros(c.feature_dim))
+        self.register_buffer("feature_std", torch.ones(c.feature_dim))
+        self.mean_log_map = nn.Parameter(torch.zeros(c.steps_ref, c.groups))
+        self.net = nn.Sequential(
+            nn.Linear(c.feature_dim, c.hidden), nn.SiLU(),
+            nn.Linear(c.hidden, c.hidden), nn.SiLU(),
+            nn.Linear(c.hidden, c.rank * (c.steps_ref + c.groups)),
+        )
+        nn.init.zeros_(self.net[-1].weight)
+        nn.init.zeros_(self.net[-1].bias)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        x = (features - self.feature_mean) / self.feature_std
+        z = self.net(x)
+        u = z[:, : c.rank * c.steps_ref].view(-1, c.steps_ref, c.rank)
+        w = z[:, c.rank * c.steps_ref:].view(-1, c.rank, c.groups)
+        return self.mean_log_map + u @ w
+
+    def average_log_map(self) -> torch.Tensor:
+        return self.mean_log_map.detach()
+
+    # -- files ----------------------------------------------------------------------
+
+    def save(self, folder: str | os.PathLike) -> Path:
+        """Write ``config.json`` and ``model.safetensors`` into ``folder`` (atomically, file by file)."""
+        from safetensors.torch import save_file
+
+        from ..media import atomic_path, atomic_write_text
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        with atomic_path(folder / "model.safetensors") as tmp:
+            save_file({k: v.detach().contiguous() for k, v in self.state_dict().items()}, str(tmp))
+        atomic_write_text(folder / "config.json", json.dumps(dataclasses.asdict(self.config), indent=2) + "\n")
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike) -> MapPredictor:
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        cfg_path, weights = folder / "config.json", folder / "model.safetensors"
+        if not cfg_path.is_file() or not weights.is_file():
+            raise ConfigError(f"{folder} is not a Map Predictor folder (needs config.json and model.safetensors); "
+                              "train one with `kinegen calibrate --model M --prompts FILE`.")
+        try:
+            fields = {f.name for f in dataclasses.fields(MapPredictorConfig)}
+            raw = json.loads(cfg_path.read_text())
+            config = MapPredictorConfig(**{k: v for k, v in raw.items() if k in fields})
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{cfg_path} is not a valid Map Predictor config: {e}") from None
+        model = cls(config)
+        try:
+            model.load_state_dict(load_file(str(weights)))
+        except RuntimeError as e:
+            raise ConfigError(f"{weights} does not match its config.json: {e}") from None
+        return model.eval()

@@ -1,0 +1,300 @@
+"""Magnitude-preserving GAN networks (R3GAN lineage), with every change switchable for ablations.
+
+The baseline is R3GAN's "config E" (Huang et al., NeurIPS 2024, Sec. 3): residual blocks of a
+1x1 C->2C, a grouped 3x3 and a 1x1 2C->C convolution, no normalisation layers, He initialisation
+with the Fix-up gain and a zero-initialised last layer, leaky ReLU (slope 0.2, gain sqrt(2/(1+a^2))),
+a projection discriminator. The magnitude-preserving (MP) changes follow EDM2 (Karras et al., CVPR
+2024, Sec. 3) and R3GAN's successor; each is one field of :class:`GANConfig`:
+
+- ``weight_norm``: every convolution and linear layer uses ``w_hat = w / ||w||`` per output filter
+  (EDM2 Eq. 47-48) and the stored weights are renormalised after every optimiser step
+  (:func:`renormalize_`, forced weight normalisation), so the effective learning rate stays constant;
+- ``centering``: filters are made zero-mean over their fan-in before normalising;
+- ``mp_lrelu``: leaky ReLU divided by its output standard deviation for unit Gaussian input,
+  ``gain = 1 / sqrt(((1 + a^2) - (1 - a)^2 / pi) / 2) = 1.5465`` for a = 0.2;
+- ``mp_residual``: ``y_k = y_{k-1} + alpha_k f_k(y_{k-1} / sqrt(A_{k-1}))`` with per-channel
+  ``alpha_k = tanh(v_k)`` (v_k = 0 at init) and the accumulated variance ``A_k = A_{k-1} + alpha_k^2``
+  tracked analytically and divided out at every resolution change and before the heads;
+- ``ff_heads``: feed-forward heads (G: a ones-augmented linear layer into a grouped 4x4 generative
+  basis; D: a 1x1 expansion, a grouped 4x4 basis and a linear projection) instead of R3GAN's learned
+  constant input and depthwise basis head.
+
+All switches off is the R3GAN baseline; all on is the MP-GAN. ``D.magnitudes`` records the RMS of
+the discriminator's activations per stage (the diagnostic of docs/gan.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SLOPE = 0.2
+LRELU_GAIN_R3GAN = math.sqrt(2 / (1 + SLOPE**2))  # 1.3868: unit second moment
+LRELU_GAIN_MP = 1 / math.sqrt(((1 + SLOPE**2) - (1 - SLOPE) ** 2 / math.pi) / 2)  # 1.5465: unit std
+WN_EPS = 1e-4
+
+
+@dataclasses.dataclass
+class GANConfig:
+    """Sizes and the MP switches (all True = MP-GAN, all False = R3GAN baseline)."""
+
+    resolution: int = 32
+    num_classes: int = 10
+    widths: tuple[int, ...] = (128, 128, 96, 64)  # per stage, from 4x4 up to ``resolution``
+    blocks_per_stage: int = 1
+    group_channels: int = 32  # channels per group in the grouped 3x3 convolutions
+    z_dim: int = 64
+    embed_dim: int = 64
+    weight_norm: bool = True
+    centering: bool = True
+    mp_lrelu: bool = True
+    mp_residual: bool = True
+    ff_heads: bool = True
+
+    def __post_init__(self):
+        self.widths = tuple(int(w) for w in self.widths)
+        stages = int(math.log2(self.resolution)) - 1
+        if 2 ** (stages + 1) != self.resolution or self.resolution < 8:
+            raise ValueError(f"resolution must be a power of two >= 8, got {self.resolution}")
+        if len(self.widths) != stages:
+            raise ValueError(f"widths needs one entry per stage (4x4 .. {self.resolution}x{self.resolution}): "
+                             f"{stages}, got {len(self.widths)}")
+        if any(2 * w % self.group_channels for w in self.widths):
+            raise ValueError("2 x every width must be a multiple of group_channels")
+
+    @property
+    def mp(self) -> bool:
+        return self.weight_norm
+
+    @classmethod
+    def baseline(cls, **kw) -> GANConfig:
+        return cls(weight_norm=False, centering=False, mp_lrelu=False, mp_residual=False, ff_heads=False, **kw)
+
+
+# ---------------------------------------------------------------------------- layers
+
+
+def normalize(w: torch.Tensor, centering: bool) -> torch.Tensor:
+    """Per output filter: optionally subtract the mean, then scale to norm sqrt(fan_in) (EDM2 Eq. 47)."""
+    flat = w.flatten(1).float()
+    if centering:
+        flat = flat - flat.mean(1, keepdim=True)
+    fan_in = flat.shape[1]
+    norm = flat.norm(dim=1, keepdim=True) / math.sqrt(fan_in) + WN_EPS
+    return (flat / norm).view_as(w).to(w.dtype)
+
+
+class Conv(nn.Module):
+    """A convolution (``kernel`` 1 is a linear layer on channels) in R3GAN or MP form.
+
+    MP form: ``w_eff = normalize(w) / sqrt(fan_in)`` (unit-norm filters); a bias, when asked for,
+    is one more input column fed by a constant-ones channel, so it is normalised with the filter.
+    R3GAN form: plain weights with He init ``std = gain / sqrt(fan_in)`` and a separate bias.
+    """
+
+    def __init__(self, cin: int, cout: int, kernel: int = 1, groups: int = 1, bias: bool = False,
+                 mp: bool = True, centering: bool = True, init_gain: float = 1.0, zero_init: bool = False):
+        super().__init__()
+        self.mp, self.centering, self.groups, self.kernel = mp, centering, groups, kernel
+        self.bias_column = bias and mp and kernel == 1 and groups == 1
+        cin_eff = cin + (1 if self.bias_column else 0)
+        fan_in = cin_eff // groups * kernel * kernel
+        w = torch.randn(cout, cin_eff // groups, kernel, kernel)
+        if mp:
+            self.weight = nn.Parameter(w)
+        else:
+            self.weight = nn.Parameter(torch.zeros_like(w) if zero_init else w * init_gain / math.sqrt(fan_in))
+        self.bias = nn.Parameter(torch.zeros(cout)) if bias and not mp else None
+
+    def effective_weight(self) -> torch.Tensor:
+        if not self.mp:
+            return self.weight
+        fan_in = self.weight[0].numel()
+        return normalize(self.weight, self.centering) / math.sqrt(fan_in)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bias_column:
+            x = torch.cat([x, torch.ones_like(x[:, :1])], dim=1)
+        w = self.effective_weight().to(x.dtype)
+        return F.conv2d(x, w, self.bias, padding=self.kernel // 2 if self.kernel % 2 else 0, groups=self.groups)
+
+    @torch.no_grad()
+    def renormalize_(self) -> None:
+        """Forced weight normalisation: store the normalised weight (after each optimiser step)."""
+        if self.mp:
+            self.weight.copy_(normalize(self.weight, self.centering))
+
+
+class Linear(Conv):
+    """A linear layer as a 1x1 convolution on ``[N, C]`` inputs."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x[:, :, None, None])[:, :, 0, 0]
+
+
+def lrelu(x: torch.Tensor, mp: bool) -> torch.Tensor:
+    return F.leaky_relu(x, SLOPE) * (LRELU_GAIN_MP if mp else LRELU_GAIN_R3GAN)
+
+
+class ResidualBlock(nn.Module):
+    """1x1 C->2C, act, grouped 3x3, act, 1x1 2C->C; added to the trunk (R3GAN Fig. 3)."""
+
+    def __init__(self, c: int, cfg: GANConfig, num_blocks_total: int):
+        super().__init__()
+        mp, cen = cfg.weight_norm, cfg.centering
+        fixup = LRELU_GAIN_R3GAN * num_blocks_total ** (-1 / (2 * 3 - 2))
+        self.cfg = cfg
+        self.conv1 = Conv(c, 2 * c, 1, bias=True, mp=mp, centering=cen, init_gain=fixup)
+        self.conv2 = Conv(2 * c, 2 * c, 3, groups=2 * c // cfg.group_channels, mp=mp, centering=cen, init_gain=fixup)
+        self.conv3 = Conv(2 * c, c, 1, mp=mp, centering=cen, zero_init=True)
+        self.alpha_logit = nn.Parameter(torch.zeros(c)) if cfg.mp_residual else None
+
+    def branch(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.cfg.mp_lrelu
+        return self.conv3(lrelu(self.conv2(lrelu(self.conv1(x), a)), a))
+
+    def forward(self, x: torch.Tensor, var: float) -> tuple[torch.Tensor, float | torch.Tensor]:
+        """Returns the new trunk and its tracked variance (1.0 throughout for the R3GAN form)."""
+        if self.alpha_logit is None:
+            return x + self.branch(x), var
+        alpha = torch.tanh(self.alpha_logit)
+        y = x + alpha.view(1, -1, 1, 1) * self.branch(x / math.sqrt(var) if isinstance(var, float) else
+                                                    x / var.sqrt().view(1, -1, 1, 1))
+        return y, var + alpha.detach() ** 2
+
+
+def _unit(x: torch.Tensor, var) -> torch.Tensor:
+    """Divide out the tracked variance (a float, or per channel)."""
+    if isinstance(var, float):
+        return x / math.sqrt(var)
+    return x / var.sqrt().view(1, -1, 1, 1)
+
+
+# ---------------------------------------------------------------------------- generator
+
+
+class Generator(nn.Module):
+    """Class-conditional generator: z and a class embedding -> 4x4 features -> stages -> RGB."""
+
+    def __init__(self, cfg: GANConfig):
+        super().__init__()
+        self.cfg = cfg
+        mp, cen = cfg.weight_norm, cfg.centering
+        total = cfg.blocks_per_stage * len(cfg.widths)
+        c0 = cfg.widths[0]
+        self.embed = Linear(cfg.num_classes, cfg.embed_dim, mp=mp, centering=False)
+        cond = cfg.z_dim + cfg.embed_dim
+        if cfg.ff_heads:
+            self.head1 = Linear(cond, 2 * c0, bias=True, mp=mp, centering=cen, init_gain=LRELU_GAIN_R3GAN)
+            self.head2 = Linear(2 * c0, c0 * 16, mp=mp, centering=cen, init_gain=LRELU_GAIN_R3GAN)
+            self.head3 = Conv(c0, c0, 1, mp=mp, centering=cen)
+        else:
+            self.const = nn.Parameter(torch.randn(c0, 4, 4))
+            self.modulation = Linear(cond, c0, bias=True, mp=mp, centering=cen)
+        self.stages = nn.ModuleList()
+        self.transitions = nn.ModuleList()
+        for i, c in enumerate(cfg.widths):
+            self.stages.append(nn.ModuleList([ResidualBlock(c, cfg, total) for _ in range(cfg.blocks_per_stage)]))
+            if i + 1 < len(cfg.widths):
+                self.transitions.append(Conv(c, cfg.widths[i + 1], 1, mp=mp, centering=cen))
+        self.to_rgb = Conv(cfg.widths[-1], 3, 1, bias=True, mp=mp, centering=False)
+        self.out_gain = nn.Parameter(torch.zeros(())) if mp else None
+
+    def label_vector(self, class_labels: torch.Tensor) -> torch.Tensor:
+        onehot = F.one_hot(class_labels, self.cfg.num_classes).to(self.embed.weight.dtype)
+        e = self.embed(onehot * math.sqrt(self.cfg.num_classes))
+        return e / e.square().mean(1, keepdim=True).add(1e-8).sqrt()
+
+    def forward(self, z: torch.Tensor, class_labels: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        cond = torch.cat([z, self.label_vector(class_labels)], dim=1)
+        if cfg.ff_heads:
+            h = lrelu(self.head1(cond), cfg.mp_lrelu)
+            x = lrelu(self.head2(h), cfg.mp_lrelu).view(-1, cfg.widths[0], 4, 4)
+            x = self.head3(x)
+        else:
+            x = self.const[None] * self.modulation(cond)[:, :, None, None]
+        var: float | torch.Tensor = 1.0
+        for i, blocks in enumerate(self.stages):
+            for block in blocks:
+                x, var = block(x, var)
+            if i + 1 < len(self.stages):
+                x = _unit(x, var)
+                var = 1.0
+                x = F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False)
+                x = self.transitions[i](x)
+        x = self.to_rgb(_unit(x, var))
+        if self.out_gain is not None:
+            x = x * self.out_gain
+        return x
+
+
+# ---------------------------------------------------------------------------- discriminator
+
+
+class Discriminator(nn.Module):
+    """Projection discriminator mirroring the generator; ``magnitudes`` holds per-stage activation RMS."""
+
+    def __init__(self, cfg: GANConfig):
+        super().__init__()
+        self.cfg = cfg
+        mp, cen = cfg.weight_norm, cfg.centering
+        total = cfg.blocks_per_stage * len(cfg.widths)
+        widths = cfg.widths[::-1]  # from full resolution down to 4x4
+        self.from_rgb = Conv(3, widths[0], 1, bias=True, mp=mp, centering=False, init_gain=LRELU_GAIN_R3GAN)
+        self.stages = nn.ModuleList()
+        self.transitions = nn.ModuleList()
+        for i, c in enumerate(widths):
+            self.stages.append(nn.ModuleList([ResidualBlock(c, cfg, total) for _ in range(cfg.blocks_per_stage)]))
+            if i + 1 < len(widths):
+                self.transitions.append(Conv(c, widths[i + 1], 1, mp=mp, centering=cen))
+        c4 = widths[-1]
+        if cfg.ff_heads:
+            self.head1 = Conv(c4, 2 * c4, 1, bias=True, mp=mp, centering=cen, init_gain=LRELU_GAIN_R3GAN)
+            self.basis = Conv(2 * c4, 2 * c4, 4, groups=2 * c4 // cfg.group_channels, mp=mp, centering=cen,
+                              init_gain=LRELU_GAIN_R3GAN)
+            self.head2 = Linear(2 * c4, cfg.embed_dim, mp=mp, centering=cen)
+        else:
+            self.basis = Conv(c4, c4, 4, groups=c4, mp=mp, centering=cen)
+            self.head2 = Linear(c4, cfg.embed_dim, mp=mp, centering=cen)
+        self.class_embed = Linear(cfg.num_classes, cfg.embed_dim, mp=mp, centering=False,
+                                  init_gain=1 / math.sqrt(cfg.embed_dim) * math.sqrt(cfg.num_classes))
+        self.magnitudes: list[float] = []
+        self.track_magnitudes = False
+
+    def forward(self, x: torch.Tensor, class_labels: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        mags = []
+        x = lrelu(self.from_rgb(x), cfg.mp_lrelu)
+        var: float | torch.Tensor = 1.0
+        for i, blocks in enumerate(self.stages):
+            for block in blocks:
+                x, var = block(x, var)
+            x = _unit(x, var)
+            var = 1.0
+            if self.track_magnitudes:  # per-channel RMS over space, mean over channels and batch
+                mags.append(float(x.detach().square().mean((2, 3)).sqrt().mean()))
+            if i + 1 < len(self.stages):
+                x = self.transitions[i](F.avg_pool2d(x, 2))
+        if cfg.ff_heads:
+            h = lrelu(self.head1(x), cfg.mp_lrelu)
+            h = lrelu(self.basis(h), cfg.mp_lrelu)[:, :, 0, 0]
+        else:
+            h = self.basis(x)[:, :, 0, 0]
+        h = self.head2(h)
+        onehot = F.one_hot(class_labels, cfg.num_classes).to(h.dtype) * math.sqrt(cfg.num_classes)
+        e = self.class_embed(onehot)
+        if self.track_magnitudes:
+            self.magnitudes = mags
+        return (h * e).sum(1) / math.sqrt(cfg.embed_dim)
+
+
+def renormalize_(module: nn.Module) -> None:
+    """Forced weight normalisation of every MP layer in ``module`` (call after each optimiser step)."""
+    for m in module.modules():
+        if isinstance(m, Conv):
+            m.renormalize_()

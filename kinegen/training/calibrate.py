@@ -1,0 +1,196 @@
+"""``kinegen calibrate``: record TVMaps over a prompt set and train the Map Predictor on them.
+
+1. For every (prompt, seed), one dense run with the recording hook
+   (:func:`kinegen.caching.map_guided.record_map`) gives the true map and the predictor's input
+   features. Maps are written to ``OUT/maps.jsonl`` as they come, so ``--maps`` can retrain
+   without recording again.
+2. Prompts are split (seeded) into calibration and held-out prompts; the predictor is fit on
+   the calibration maps (regression on ``log V`` plus a correlation term, since the planner
+   only needs the ordering of cells) and evaluated on the held-out ones by Spearman rank
+   correlation, next to the average map's correlation.
+3. ``OUT/`` receives ``model.safetensors`` + ``config.json`` (the predictor, with its metrics)
+   and ``calibration.json`` (the report).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..caching.tvmap import resample, spearman
+from ..errors import ConfigError
+
+EPS = 1e-6
+
+
+def read_prompts(path: str | Path) -> list[str]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"prompt file {p} does not exist; give a text file with one prompt per line.")
+    prompts = [line.strip() for line in p.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    if len(prompts) < 4:
+        raise ConfigError(f"{p} has {len(prompts)} prompts; calibration needs at least 4 (50 or more is better).")
+    return prompts
+
+
+def record_calibration_maps(pipe, prompts: list[str], seeds: int = 1, group_size: int = 1, progress=None,
+                            sink: Path | None = None, **fields) -> list[dict]:
+    """One dense recording run per (prompt, seed); returns (and appends to ``sink``) one record each."""
+    from ..accelerate import RunInfo
+    from ..caching.map_guided import record_map
+    from ..generation import GenerationRequest, _spec_of, pipeline_kwargs, resolve_request, run_pipeline
+    from ..registry import family_for_pipeline
+
+    records = []
+    out = open(sink, "a") if sink else None  # noqa: SIM115 (closed below)
+    try:
+        total = len(prompts) * seeds
+        for i, prompt in enumerate(prompts):
+            for seed in range(seeds):
+                req = resolve_request(pipe, GenerationRequest(prompt=prompt, seed=seed, **fields))
+                run = RunInfo(num_inference_steps=req.steps, model_key=_spec_of(pipe).name,
+                              guidance_calls=family_for_pipeline(pipe).guidance_calls(req),
+                              guidance_scale=req.guidance, shape_key=(req.frames, req.height, req.width),
+                              dense_call=lambda req=req: run_pipeline(pipe, pipeline_kwargs(pipe, req)))
+                t0 = time.perf_counter()
+                rec = record_map(pipe, run, group_size=group_size)
+                record = {"prompt": prompt, "prompt_index": i, "seed": seed, "steps": req.steps,
+                          "guidance": req.guidance, "size": [req.frames, req.height, req.width],
+                          "grid": list(rec["grid"]), "groups": rec["map"].groups,
+                          "features": rec["features"].tolist(), "text_dim": rec["text_dim"],
+                          "map": rec["map"].values.tolist(),
+                          "seconds": time.perf_counter() - t0}
+                records.append(record)
+                if out:
+                    out.write(json.dumps(record) + "\n")
+                    out.flush()
+                if progress:
+                    progress(len(records), total)
+    finally:
+        if out:
+            out.close()
+    return records
+
+
+def split_prompts(records: list[dict], held_out: float, seed: int = 0) -> tuple[list[int], list[int]]:
+    """Record indices of calibration and held-out prompts (a prompt's seeds stay on one side)."""
+    prompts = sorted({r["prompt_index"] for r in records})
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(prompts))
+    n_held = int(round(held_out * len(prompts)))
+    held = {prompts[j] for j in order[:n_held]}
+    train = [i for i, r in enumerate(records) if r["prompt_index"] not in held]
+    test = [i for i, r in enumerate(records) if r["prompt_index"] in held]
+    return train, test
+
+
+def _targets(records: list[dict], steps_ref: int) -> torch.Tensor:
+    return torch.tensor(np.stack([np.log(resample(np.asarray(r["map"]), steps_ref) + EPS) for r in records]),
+                        dtype=torch.float32)
+
+
+def _pearson_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    p = pred.flatten(1)[:, 1:] - pred.flatten(1)[:, 1:].mean(1, keepdim=True)
+    t = target.flatten(1)[:, 1:] - target.flatten(1)[:, 1:].mean(1, keepdim=True)
+    r = (p * t).sum(1) / (p.norm(dim=1) * t.norm(dim=1)).clamp_min(1e-8)
+    return (1 - r).mean()
+
+
+def fit_predictor(records: list[dict], *, model_key: str, transformer_class: str, group_size: int,
+                  steps_ref: int = 32, hidden: int = 128, rank: int = 4, train_steps: int = 2000,
+                  lr: float = 2e-3, weight_decay: float = 1e-4, seed: int = 0):
+    """Fit a :class:`MapPredictor` to recorded maps (full batch; seconds on a CPU)."""
+    from ..models.map_predictor import MapPredictor, MapPredictorConfig
+
+    torch.manual_seed(seed)
+    feats = torch.tensor([r["features"] for r in records], dtype=torch.float32)
+    target = _targets(records, steps_ref)
+    first = records[0]
+    text_dim = int(first["text_dim"])
+    latent_channels = (feats.shape[1] - 4 - text_dim) // 2
+    cfg = MapPredictorConfig(
+        text_dim=text_dim, latent_channels=latent_channels, groups=target.shape[2], steps_ref=steps_ref,
+        hidden=hidden, rank=rank, model_key=model_key, transformer_class=transformer_class,
+        group_names=list(first["groups"]), group_size=group_size,
+        trained_sizes=sorted({tuple(r["size"]) for r in records}),
+        trained_steps=sorted({int(r["steps"]) for r in records}))
+    cfg.trained_sizes = [list(s) for s in cfg.trained_sizes]
+    model = MapPredictor(cfg)
+    model.feature_mean.copy_(feats.mean(0))
+    model.feature_std.copy_(feats.std(0).clamp_min(1e-3) if len(records) > 1 else torch.ones(feats.shape[1]))
+    with torch.no_grad():
+        model.mean_log_map.copy_(target.mean(0))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    for step in range(train_steps):
+        for group in opt.param_groups:
+            group["lr"] = lr * 0.5 * (1 + np.cos(np.pi * step / train_steps))
+        pred = model(feats)
+        loss = torch.nn.functional.mse_loss(pred, target) + 0.5 * _pearson_loss(pred, target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+def evaluate_predictor(model, records: list[dict]) -> dict:
+    """Spearman rank correlation of predicted (and of the average) against true maps."""
+    if not records:
+        return {}
+    feats = torch.tensor([r["features"] for r in records], dtype=torch.float32)
+    with torch.no_grad():
+        pred = np.exp(model(feats).double().numpy())
+        avg = np.exp(model.average_log_map().double().numpy())
+    rho_pred, rho_avg = [], []
+    for r, p in zip(records, pred, strict=True):
+        true = np.asarray(r["map"])
+        rho_pred.append(spearman(resample(p, true.shape[0]), true))
+        rho_avg.append(spearman(resample(avg, true.shape[0]), true))
+    return {"prompts": len(records), "spearman_predicted_mean": float(np.mean(rho_pred)),
+            "spearman_predicted_min": float(np.min(rho_pred)), "spearman_average_mean": float(np.mean(rho_avg)),
+            "spearman_average_min": float(np.min(rho_avg))}
+
+
+def calibrate(pipe, prompts: list[str], output: str | Path, *, seeds: int = 1, held_out: float = 0.2,
+              group_size: int = 1, maps: str | Path | None = None, train_steps: int = 2000, progress=None,
+              **fields) -> dict:
+    """Record maps (or read ``maps``), fit the predictor on calibration prompts, evaluate on held-out ones."""
+    from ..caching.tvmap import load_maps
+    from ..generation import _spec_of
+    from ..media import atomic_write_text
+
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    if maps:
+        records = load_maps(maps)
+        if not records:
+            raise ConfigError(f"{maps} holds no recorded maps.")
+    else:
+        sink = out / "maps.jsonl"
+        if sink.exists():
+            sink.unlink()
+        records = record_calibration_maps(pipe, prompts, seeds=seeds, group_size=group_size, progress=progress,
+                                          sink=sink, **fields)
+    record_s = time.perf_counter() - t0
+    train_idx, test_idx = split_prompts(records, held_out)
+    if not train_idx:
+        raise ConfigError("no calibration prompts left after the held-out split; lower --held-out.")
+    spec = _spec_of(pipe)
+    t1 = time.perf_counter()
+    model = fit_predictor([records[i] for i in train_idx], model_key=spec.name,
+                          transformer_class=type(pipe.transformer).__name__, group_size=group_size,
+                          train_steps=train_steps)
+    fit_s = time.perf_counter() - t1
+    metrics = {"train": evaluate_predictor(model, [records[i] for i in train_idx]),
+               "held_out": evaluate_predictor(model, [records[i] for i in test_idx])}
+    model.config.metrics = metrics
+    model.save(out)
+    report = {"model": spec.name, "records": len(records), "calibration_prompts": len(train_idx),
+              "held_out_prompts": len(test_idx), "record_s": record_s, "fit_s": fit_s, "metrics": metrics,
+              "held_out_prompt_list": sorted({records[i]["prompt"] for i in test_idx})}
+    atomic_write_text(out / "calibration.json", json.dumps(report, indent=2) + "\n")
+    return report

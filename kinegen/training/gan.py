@@ -1,0 +1,246 @@
+"""``kinegen train gan``: the R3GAN recipe for the MP-GAN (or the R3GAN baseline), resumable.
+
+Per step (Huang et al. 2024, Sec. 3; EDM2 for the MP parts):
+
+1. D step on a real batch and a generated batch: relativistic pairing loss plus ``gamma/2`` times
+   the R1 and R2 penalties through the double backward (:mod:`kinegen.training.gan_loss`).
+2. G step: the relativistic loss the other way round, on fresh latents.
+3. After each optimiser step, forced weight normalisation of every MP layer; then the power-function
+   EMAs of G are updated (:mod:`kinegen.training.phema`), and their snapshots saved now and then so
+   that any EMA length can be reconstructed after training.
+
+Schedules (cosine over the run): learning rate and ``gamma`` from their start values to a tenth,
+Adam's beta2 from 0.9 to 0.99 (beta1 = 0). Every ``magnitude_every`` steps the discriminator's
+per-stage activation RMS on real images is logged (the magnitude diagnostic).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+from ..models.mpgan import Discriminator, GANConfig, Generator, renormalize_
+from .common import Progress, TimeBox, load_checkpoint
+from .configs import GANTrainConfig
+from .gan_loss import discriminator_loss, generator_loss
+from .phema import PowerEMA
+
+MP_SWITCHES = ("weight_norm", "centering", "mp_lrelu", "mp_residual", "ff_heads")
+DEFAULT_LR = {"mp": 1e-2, "r3gan": 2e-4}
+
+
+def network_config(cfg: GANTrainConfig, num_classes: int) -> GANConfig:
+    widths = tuple(int(w) for w in str(cfg.widths).replace("/", ",").split(",") if w.strip())
+    if cfg.variant not in DEFAULT_LR:
+        raise ConfigError(f"variant must be 'mp' or 'r3gan', got {cfg.variant!r}.")
+    flags = {k: cfg.variant == "mp" for k in MP_SWITCHES}
+    for name in filter(None, (a.strip() for a in cfg.ablate.split(","))):
+        if name not in MP_SWITCHES:
+            raise ConfigError(f"ablate: unknown switch {name!r}; valid: {', '.join(MP_SWITCHES)}.")
+        flags[name] = False
+    try:
+        return GANConfig(resolution=cfg.resolution, num_classes=num_classes, widths=widths, **flags)
+    except ValueError as e:
+        raise ConfigError(f"GAN settings: {e}") from None
+
+
+# ---------------------------------------------------------------------------- data
+
+
+class ShapesData:
+    """The procedural shape images (:mod:`kinegen.data.shape_images`), rendered on the fly."""
+
+    def __init__(self, resolution: int, pool: int):
+        from ..data.shape_images import DEFAULT_CLASSES, class_names
+
+        self.resolution, self.pool = resolution, pool
+        self.classes = class_names(DEFAULT_CLASSES)
+
+    def batch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        from ..data.shape_images import batch
+
+        idx = indices % self.pool
+        labels = idx % len(self.classes)
+        imgs = batch(idx, labels, self.resolution)
+        return _to_tensor(imgs), torch.from_numpy(labels).long()
+
+
+class FolderData:
+    """Images in ``PATH/<class>/*.png|jpg|...`` (or directly in ``PATH``: one class), all one size."""
+
+    EXTS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+
+    def __init__(self, path: str, resolution: int):
+        from PIL import Image
+
+        root = Path(path)
+        if not root.is_dir():
+            raise ConfigError(f"imagefolder: {root} is not a folder.")
+        subdirs = sorted(p for p in root.iterdir() if p.is_dir())
+        groups = [(d.name, sorted(f for f in d.iterdir() if f.suffix.lower() in self.EXTS)) for d in subdirs]
+        groups = [(n, fs) for n, fs in groups if fs]
+        if not groups:
+            files = sorted(f for f in root.iterdir() if f.suffix.lower() in self.EXTS)
+            groups = [("image", files)] if files else []
+        if not groups:
+            raise ConfigError(f"imagefolder: no images ({', '.join(self.EXTS)}) in {root} or its subfolders.")
+        images, labels, sizes = [], [], {}
+        for label, (_, files) in enumerate(groups):
+            for f in files:
+                with Image.open(f) as im:
+                    arr = np.asarray(im.convert("RGB"))
+                sizes.setdefault(arr.shape[:2], f)
+                images.append(arr)
+                labels.append(label)
+        if len(sizes) > 1:
+            examples = "; ".join(f"{w}x{h} ({p.name})" for (h, w), p in list(sizes.items())[:3])
+            raise ConfigError(f"imagefolder: images have mixed sizes ({examples}); resize them all to "
+                              f"{resolution}x{resolution} first.")
+        (h, w) = next(iter(sizes))
+        if (h, w) != (resolution, resolution):
+            raise ConfigError(f"imagefolder: images are {w}x{h} but --resolution is {resolution}; resize the "
+                              "images or pass --resolution to match (a power of two).")
+        self.images = np.stack(images)
+        self.labels = np.asarray(labels)
+        self.classes = [n for n, _ in groups]
+        self.pool = len(self.images)
+
+    def batch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = indices % self.pool
+        return _to_tensor(self.images[idx]), torch.from_numpy(self.labels[idx]).long()
+
+
+def _to_tensor(imgs: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(imgs).permute(0, 3, 1, 2).float() / 127.5 - 1.0
+
+
+def make_data(cfg: GANTrainConfig):
+    if cfg.data == "shapes":
+        return ShapesData(cfg.resolution, cfg.dataset_images)
+    if cfg.data.startswith("imagefolder:"):
+        return FolderData(cfg.data.split(":", 1)[1], cfg.resolution)
+    raise ConfigError(f"data must be 'shapes' or 'imagefolder:PATH', got {cfg.data!r}.")
+
+
+# ---------------------------------------------------------------------------- training
+
+
+def _cos(step: int, total: int) -> float:
+    return 0.5 * (1 + math.cos(math.pi * min(step / max(total, 1), 1.0)))
+
+
+def train_gan(run_dir: str | Path, cfg: GANTrainConfig) -> Path:
+    """Train or resume; returns the folder of the exported generator (EMA reconstructed post hoc)."""
+    from safetensors.torch import save_file
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    data = make_data(cfg)
+    net = network_config(cfg, len(data.classes))
+    meta = {"train": dataclasses.asdict(cfg), "network": dataclasses.asdict(net), "classes": data.classes}
+    meta_path = run_dir / "run.json"
+    if meta_path.is_file():
+        old = json.loads(meta_path.read_text())
+        if old["network"] != json.loads(json.dumps(meta["network"])):
+            raise ConfigError(f"{run_dir} holds a run with another network configuration; use a new --run folder.")
+    else:
+        meta_path.write_text(json.dumps(meta, indent=2))
+    torch.manual_seed(cfg.seed)
+    g, d = Generator(net), Discriminator(net)
+    sigmas = tuple(float(s) for s in cfg.ema_sigma_rels.split(","))
+    ema = PowerEMA(g, sigmas)
+    lr0 = cfg.lr or DEFAULT_LR[cfg.variant]
+    opt_g = torch.optim.Adam(g.parameters(), lr=lr0, betas=(0.0, 0.9), eps=1e-8)
+    opt_d = torch.optim.Adam(d.parameters(), lr=lr0, betas=(0.0, 0.9), eps=1e-8)
+
+    class _Both(torch.optim.Optimizer):  # one object for save/load_checkpoint
+        def __init__(self):
+            self.param_groups = []
+
+        def state_dict(self):
+            return {"g": opt_g.state_dict(), "d": opt_d.state_dict()}
+
+        def load_state_dict(self, sd):
+            opt_g.load_state_dict(sd["g"])
+            opt_d.load_state_dict(sd["d"])
+
+    both = _Both()
+    modules = {"generator": g, "discriminator": d, **{f"ema_{s}": m for s, m in zip(sigmas, ema.modules,
+                                                                                       strict=True)}}
+    step, _ = load_checkpoint(run_dir, modules, both)
+    print(f"GAN ({cfg.variant}): G {sum(p.numel() for p in g.parameters()) / 1e6:.2f}M, "
+          f"D {sum(p.numel() for p in d.parameters()) / 1e6:.2f}M parameters, {len(data.classes)} classes; "
+          f"starting at step {step}", flush=True)
+    snaps = run_dir / "snapshots"
+    snaps.mkdir(exist_ok=True)
+    progress = Progress(run_dir, cfg.steps, step)
+    box = TimeBox(cfg.steps, cfg.checkpoint_every, cfg.max_minutes)
+    while step < cfg.steps:
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+        idx = np.random.default_rng([cfg.seed, step]).integers(0, 2**31 - 1, cfg.batch_size)
+        real, labels = data.batch(idx)
+        c = _cos(step, cfg.steps)
+        lr, gamma, beta2 = lr0 * (0.1 + 0.9 * c), cfg.gamma * (0.1 + 0.9 * c), 0.99 - 0.09 * c
+        for opt in (opt_g, opt_d):
+            for group in opt.param_groups:
+                group["lr"], group["betas"] = lr, (0.0, beta2)
+        # D step
+        with torch.no_grad():
+            fake = g(torch.randn(cfg.batch_size, net.z_dim, generator=gen), labels)
+        loss_d, stats = discriminator_loss(d, real, fake, labels, gamma)
+        opt_d.zero_grad(set_to_none=True)
+        loss_d.backward()
+        opt_d.step()
+        renormalize_(d)
+        # G step
+        fake = g(torch.randn(cfg.batch_size, net.z_dim, generator=gen), labels)
+        loss_g, gstats = generator_loss(d, real, fake, labels)
+        opt_g.zero_grad(set_to_none=True)
+        loss_g.backward()
+        opt_g.step()
+        renormalize_(g)
+        step += 1
+        ema.update(g, step)
+        values = {"loss_d": float(loss_d), **stats, **gstats}
+        if step % cfg.magnitude_every == 0 or step == 1:
+            d.track_magnitudes = True
+            with torch.no_grad():
+                d(real, labels)
+            d.track_magnitudes = False
+            values.update({f"mag_{i}": m for i, m in enumerate(d.magnitudes)})
+        progress.update(step, **values)
+        if step % cfg.snapshot_every == 0 or step >= cfg.steps:
+            for s, m in zip(sigmas, ema.modules, strict=True):
+                save_file({k: v.contiguous() for k, v in m.state_dict().items()},
+                          str(snaps / f"{step:07d}_{s:.3f}.safetensors"))
+        if box.after_step(run_dir, modules, both, step):
+            break
+    progress.close()
+    return export_generator(run_dir, net, data.classes, sigmas)
+
+
+def export_generator(run_dir: Path, net: GANConfig, classes: list[str], sigmas, target_sigma: float = 0.08) -> Path:
+    """Reconstruct G's EMA at ``target_sigma`` from the snapshots; save it as an MPGANPipeline folder."""
+    from safetensors.torch import load_file
+
+    from ..pipelines.mpgan import MPGANGenerator, MPGANPipeline
+    from .phema import reconstruct, sigma_rel_to_gamma
+
+    snaps = []
+    for f in sorted((run_dir / "snapshots").glob("*.safetensors")):
+        step_s, sigma_s = f.stem.split("_")
+        snaps.append((int(step_s), sigma_rel_to_gamma(float(sigma_s)), load_file(str(f))))
+    if not snaps:
+        raise ConfigError(f"{run_dir} has no EMA snapshots yet; train for at least --snapshot-every steps.")
+    gan = MPGANGenerator.from_gan_config(net, classes)
+    gan.net.load_state_dict(reconstruct(snaps, target_sigma))
+    out = run_dir / "pipeline"
+    MPGANPipeline(gan=gan.eval()).save_pretrained(out, safe_serialization=True)
+    (out / "ema.json").write_text(json.dumps({"ema_sigma_rel": target_sigma, "snapshots": len(snaps)}) + "\n")
+    return out

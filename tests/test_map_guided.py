@@ -1,0 +1,278 @@
+"""Map-Guided Caching: planners against brute force, the hooks on every family, maps, predictor, errors."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+import kinegen
+from kinegen.accelerate import RunInfo, accelerate
+from kinegen.caching import planner as P
+from kinegen.caching.map_guided import MapGuidedCacheConfig, apply_map_guided_cache
+from kinegen.caching.tvmap import TVMap, resample, spearman
+from kinegen.errors import ConfigError
+
+# ---------------------------------------------------------------------------- planners
+
+
+def _random_map(steps, groups, seed=0):
+    rng = np.random.default_rng(seed)
+    return np.exp(rng.normal(size=(steps, groups))) * np.linspace(2.0, 0.5, steps)[:, None]
+
+
+def _respects(compute, guards):
+    steps = compute.shape[0]
+    assert compute[: guards.warmup].all() and compute[steps - guards.cooldown:].all()
+    for g in range(compute.shape[1]):
+        run = 0
+        for t in range(steps):
+            run = 0 if compute[t, g] else run + 1
+            assert run <= guards.max_reuse
+
+
+def test_orientation_planner_is_optimal_against_brute_force():
+    steps, guards = 9, P.Guards(warmup=1, cooldown=1, max_reuse=3)
+    v = _random_map(steps, 2)
+    best, choice = P.orientation_plan(v, guards)
+    for g in range(2):
+        for k in range(1, steps + 1):
+            brute = np.inf
+            for mid in itertools.combinations(range(1, steps - 1), max(k - 2, 0)):
+                m = np.zeros(steps, bool)
+                m[[0, steps - 1, *mid]] = True
+                if m.sum() != k:
+                    continue
+                try:
+                    _respects(m[:, None], guards)
+                except AssertionError:
+                    continue
+                brute = min(brute, P.plan_error(v[:, g:g + 1], m[:, None]))
+            if np.isinf(brute):
+                assert np.isinf(best[g, k])
+            else:
+                assert best[g, k] == pytest.approx(brute)
+                assert choice[g, k].sum() == k
+                assert P.plan_error(v[:, g:g + 1], choice[g, k][:, None]) == pytest.approx(brute)
+
+
+@pytest.mark.parametrize("speedup", [1.5, 2.0, 3.0, 3.3])
+def test_quantity_planner_hits_the_budget_and_keeps_the_guards(speedup):
+    guards = P.Guards(warmup=2, cooldown=1, max_reuse=5)
+    v = _random_map(30, 6, seed=1)
+    overhead = 0.05
+    plan = P.quantity_plan(v, speedup, guards, overhead=overhead)
+    _respects(plan.compute, guards)
+    budget = P.compute_budget(speedup, overhead)
+    assert budget - 1 / 30 <= plan.compute_fraction <= budget + 1e-9
+    greedy = P.threshold_plan(v, speedup, guards, overhead=overhead)
+    assert greedy.compute_fraction <= budget + 1e-9
+    assert plan.predicted_error <= P.plan_error(v, greedy.compute) + 1e-9  # the DP is never worse than greedy
+
+
+def test_quantity_planner_gives_more_compute_where_the_map_varies_more():
+    v = np.full((20, 2), 0.01)
+    v[:, 1] = 1.0  # group 1 changes a lot at every step
+    plan = P.quantity_plan(v, 1.6, P.Guards(1, 1, 4))
+    assert plan.compute[:, 1].sum() > plan.compute[:, 0].sum()
+
+
+def test_impossible_speedups_are_refused_with_the_reachable_maximum():
+    v = _random_map(10, 3)
+    with pytest.raises(ConfigError, match="below 1"):
+        P.quantity_plan(v, 0.5, P.Guards())
+    with pytest.raises(ConfigError, match=r"the most is 2\.50x"):
+        P.quantity_plan(v, 3.0, P.Guards(1, 1, 3))  # 10 steps, <=3 reuses: 4 computed of 10
+    assert P.max_speedup(10, P.Guards(1, 1, 3)) == pytest.approx(2.5)
+
+
+def test_tvmap_resample_and_spearman():
+    v = _random_map(20, 4)
+    np.testing.assert_allclose(resample(v, 20), v)
+    r = resample(v, 39)
+    assert r.shape == (39, 4)
+    np.testing.assert_allclose(r[::2] * 38 / 19, v, rtol=1e-9)  # same points, rescaled by the step size
+    assert spearman(v, v) == pytest.approx(1.0)
+    assert spearman(v, -v) == pytest.approx(-1.0)
+    with pytest.raises(ValueError):
+        TVMap(v, ["a"])
+
+
+# ---------------------------------------------------------------------------- hooks
+
+
+def _gen(pipe, *accelerators, steps=8, seed=3, **kw):
+    return kinegen.generate(pipe, "a red circle moving right", seed=seed, steps=steps, accelerators=accelerators,
+                            **kw)
+
+
+def test_speedup_one_is_bit_identical_and_removal_restores_dense(wan):
+    dense = _gen(wan).frames
+    same = _gen(wan, "mapguided:speedup=1,map=recorded").frames
+    np.testing.assert_array_equal(dense, same)
+    cached = _gen(wan, "mapguided:speedup=2,overhead=0,map=recorded")
+    assert not np.array_equal(dense, cached.frames)
+    assert np.isfinite(cached.frames).all()
+    np.testing.assert_array_equal(dense, _gen(wan).frames)
+    assert getattr(wan.transformer, "_kinegen_mapguided", None) is None
+
+
+@pytest.mark.parametrize("name", ["tiny-wan", "tiny-hunyuanvideo", "tiny-cogvideox", "tiny-flux", "tiny-flux-kontext"])
+def test_executed_blocks_equal_the_plan_on_every_family(load_tiny, name):
+    pipe = load_tiny(name)
+    dense = _gen(pipe).frames
+    res = _gen(pipe, "mapguided:speedup=2,overhead=0,map=recorded,max_reuse=3")
+    st = res.accelerators[0]
+    plan = np.array(st["plan"])
+    calls = res.timings["transformer_calls"]
+    branches = calls // st["steps"]
+    blocks_per_group = np.ones(plan.shape[1])
+    assert st["block_evaluations"] == branches * st["steps"] * blocks_per_group.sum()
+    assert st["block_evaluations_executed"] == branches * int(plan.sum())
+    assert st["achieved_compute_fraction"] == pytest.approx(st["planned_compute_fraction"])
+    assert st["planned_compute_fraction"] == pytest.approx(0.5, abs=1 / 8)
+    assert plan[0].all() and plan[-1].all()
+    assert not np.array_equal(dense, res.frames) and np.isfinite(res.frames).all()
+
+
+def test_state_is_kept_per_guidance_branch(wan):
+    handle = apply_map_guided_cache(wan, MapGuidedCacheConfig(speedup=2, overhead=0, map="recorded"),
+                                    RunInfo(num_inference_steps=6, model_key="tiny-wan", shape_key=(9, 64, 64),
+                                            dense_call=lambda: _gen(wan, steps=6)))
+    ctrl = handle.controllers[0]
+    seen = []
+    orig = ctrl.begin_call
+
+    def spy(args, kwargs):
+        orig(args, kwargs)
+        seen.append((ctrl.state._context.name, ctrl.state.get_state().step))
+
+    ctrl.begin_call = spy
+    try:
+        wan(prompt="a red circle", num_inference_steps=6, guidance_scale=4.0, height=64, width=64, num_frames=9,
+            output_type="np")
+    finally:
+        handle.remove()
+    assert [s for n, s in seen if n == "cond"] == list(range(6))
+    assert [s for n, s in seen if n == "uncond"] == list(range(6))
+
+
+@pytest.mark.parametrize("reuse", ["output", "residual", "extrapolate"])
+def test_reuse_modes_differ_and_stay_finite(wan, reuse):
+    base = _gen(wan, "mapguided:speedup=2,overhead=0,map=recorded,reuse=residual").frames
+    out = _gen(wan, f"mapguided:speedup=2,overhead=0,map=recorded,reuse={reuse}").frames
+    assert np.isfinite(out).all()
+    assert np.array_equal(out, base) == (reuse == "residual")
+
+
+def test_batch_of_two_and_block_groups(wan):
+    res = kinegen.generate(wan, "a red circle", seed=1, steps=8, accelerators=[
+        "mapguided:speedup=1.6,overhead=0,map=recorded,group_size=2"])
+    st = res.accelerators[0]
+    assert st["groups"] == ["blocks.0-1"] and np.array(st["plan"]).shape == (8, 1)
+    def batch():
+        return wan(prompt=["a red circle", "a blue square"], num_inference_steps=4, height=64, width=64, num_frames=9,
+                   guidance_scale=1.0, output_type="np", generator=torch.Generator().manual_seed(0)).frames
+
+    out = batch()
+    assert out.shape[0] == 2
+    with pytest.raises(ConfigError, match="no transformer calls"):
+        accelerate(wan, "mapguided:speedup=1.5,overhead=0,map=recorded",
+                   run=RunInfo(num_inference_steps=4, dense_call=lambda: None, model_key="batch"))
+    assert getattr(wan.transformer, "_kinegen_mapguided", None) is None
+    np.testing.assert_array_equal(out, batch())
+    (handle,) = accelerate(wan, "mapguided:speedup=1.5,overhead=0,map=recorded",
+                           run=RunInfo(num_inference_steps=4, dense_call=batch, model_key="batch"))
+    with handle:
+        cached = batch()
+        st = handle.stats()
+    assert cached.shape == out.shape and not np.array_equal(cached, out) and np.isfinite(cached).all()
+    assert st["achieved_compute_fraction"] < 1
+
+
+def test_heatmap_and_stats_from_python(wan, tmp_path):
+    handle = apply_map_guided_cache(wan, MapGuidedCacheConfig(speedup=2, overhead=0, map="recorded"),
+                                    RunInfo(num_inference_steps=8, model_key="tiny-wan", shape_key=(9, 64, 64),
+                                            dense_call=lambda: _gen(wan)))
+    try:
+        wan(prompt="a red circle", num_inference_steps=8, guidance_scale=4.0, height=64, width=64, num_frames=9,
+            output_type="np")
+        st = handle.stats()
+        path = handle.save_heatmap(tmp_path / "map.png")
+    finally:
+        handle.remove()
+    assert st["requested_speedup"] == 2 and st["map_source"].startswith("recorded")
+    assert np.array(st["map"]).shape == (8, 2) and (np.array(st["map"]) > 0).all()
+    assert (tmp_path / "map.png").stat().st_size > 1000 and str(path).endswith("map.png")
+
+
+# ---------------------------------------------------------------------------- predictor and errors
+
+
+@pytest.fixture(scope="module")
+def tiny_predictor(wan, tmp_path_factory):
+    from kinegen.training.calibrate import calibrate
+
+    out = tmp_path_factory.mktemp("pred")
+    prompts = ["a red circle moving right", "a blue square moving left", "a green star growing",
+               "a yellow triangle bouncing", "a white circle moving up"]
+    report = calibrate(wan, prompts, out, steps=8, held_out=0.2, train_steps=100)
+    return out, report
+
+
+def test_calibrate_writes_a_predictor_that_the_cache_uses(wan, tiny_predictor):
+    folder, report = tiny_predictor
+    assert report["records"] == 5 and report["held_out_prompts"] == 1
+    assert (folder / "model.safetensors").is_file() and (folder / "maps.jsonl").is_file()
+    assert -1 <= report["metrics"]["held_out"]["spearman_predicted_mean"] <= 1
+    res = _gen(wan, f"mapguided:speedup=2,overhead=0,map=predicted,predictor={folder}")
+    assert res.accelerators[0]["map_source"] == "predicted by the Map Predictor"
+    avg = _gen(wan, f"mapguided:speedup=2,overhead=0,map=average,predictor={folder}")
+    assert "average" in avg.accelerators[0]["map_source"]
+
+
+def test_predictor_for_another_model_is_refused(load_tiny, tiny_predictor):
+    folder, _ = tiny_predictor
+    cog = load_tiny("tiny-cogvideox")
+    with pytest.raises(ConfigError, match="trained for WanTransformer3DModel"):
+        _gen(cog, f"mapguided:speedup=2,predictor={folder}")
+
+
+def test_predictor_for_another_size_is_refused_or_stated(wan, tiny_predictor):
+    folder, _ = tiny_predictor
+    with pytest.raises(ConfigError, match="calibrated at"):
+        _gen(wan, f"mapguided:speedup=2,overhead=0,map=predicted,predictor={folder}", height=32, width=32)
+
+
+def test_without_a_predictor_auto_falls_back_and_says_so(wan):
+    res = _gen(wan, "mapguided:speedup=2,overhead=0")
+    assert "no trained Map Predictor ships for tiny-wan" in res.accelerators[0]["map_source"]
+    with pytest.raises(ConfigError, match="needs a trained Map Predictor"):
+        _gen(wan, "mapguided:speedup=2,map=predicted")
+
+
+@pytest.mark.parametrize("spec, fragment", [
+    ("mapguided:speedup=0.5", "speedup must be >= 1"),
+    ("mapguided:speedup=9,max_reuse=2", r"not reachable with 8 steps.*at most 2\.00x"),
+    ("mapguided:reuse=teleport", "reuse must be one of output, residual, extrapolate"),
+    ("mapguided:map=magic", "map must be one of"),
+])
+def test_bad_settings_fail_before_the_run(wan, spec, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        _gen(wan, spec)
+
+
+def test_no_adapter_is_a_clear_error():
+    with pytest.raises(Exception, match="adapter|Adapter|supported"):
+        apply_map_guided_cache(torch.nn.Linear(2, 2), MapGuidedCacheConfig(), RunInfo(num_inference_steps=4))
+
+
+def test_composes_with_an_attention_accelerator(wan):
+    alone = _gen(wan, "mapguided:speedup=2,overhead=0,map=recorded").frames
+    both = _gen(wan, "mapguided:speedup=2,overhead=0,map=recorded", "dense-attention:backend=_native_math")
+    assert [a["name"] for a in both.accelerators] == ["mapguided", "dense-attention"]
+    np.testing.assert_allclose(both.frames, alone, atol=2e-3)  # same plan; math vs fused SDPA kernel rounding
+    assert all(getattr(m.processor, "_attention_backend", None) is None
+               for m in wan.transformer.modules() if hasattr(m, "processor") and m.processor is not None)

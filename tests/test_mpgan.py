@@ -1,0 +1,203 @@
+"""MP-GAN networks: the magnitude-preserving formulas, each switch, and the R3GAN baseline form."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kinegen.models.mpgan import (
+    LRELU_GAIN_MP,
+    LRELU_GAIN_R3GAN,
+    Conv,
+    Discriminator,
+    GANConfig,
+    Generator,
+    lrelu,
+    renormalize_,
+)
+
+SMALL = dict(resolution=16, widths=(64, 64, 32), num_classes=4)
+
+
+def test_mp_leaky_relu_has_unit_std_and_r3gan_gain_unit_second_moment():
+    x = torch.randn(2_000_000, generator=torch.Generator().manual_seed(0))
+    assert LRELU_GAIN_MP == pytest.approx(1.5465, abs=1e-4) and LRELU_GAIN_R3GAN == pytest.approx(1.3868, abs=1e-4)
+    assert lrelu(x, mp=True).std().item() == pytest.approx(1.0, abs=3e-3)
+    assert lrelu(x, mp=False).square().mean().item() == pytest.approx(1.0, abs=3e-3)
+
+
+def test_mp_conv_uses_centred_unit_norm_filters_and_forced_renormalisation():
+    conv = Conv(8, 16, 3, mp=True, centering=True)
+    w = conv.effective_weight().flatten(1)
+    torch.testing.assert_close(w.norm(dim=1), torch.ones(16), atol=1e-3, rtol=0)
+    torch.testing.assert_close(w.mean(1), torch.zeros(16), atol=1e-6, rtol=0)
+    with torch.no_grad():
+        conv.weight.mul_(7.0).add_(0.3)  # what an optimiser step might do
+    renormalize_(conv)
+    stored = conv.weight.flatten(1)
+    torch.testing.assert_close(stored.norm(dim=1), torch.full((16,), math.sqrt(72.0)), rtol=1e-3, atol=0)
+    x = torch.randn(64, 8, 12, 12)
+    assert conv(x).std().item() == pytest.approx(1.0, abs=0.1)  # unit-variance input keeps unit variance
+
+
+@pytest.mark.parametrize("mp", [True, False])
+def test_networks_run_and_switch_all_changes(mp):
+    cfg = GANConfig(**SMALL) if mp else GANConfig.baseline(**SMALL)
+    g, d = Generator(cfg), Discriminator(cfg)
+    z, c = torch.randn(5, cfg.z_dim), torch.tensor([0, 1, 2, 3, 0])
+    img = g(z, c)
+    assert img.shape == (5, 3, 16, 16)
+    d.track_magnitudes = True
+    logits = d(img, c)
+    assert logits.shape == (5,) and torch.isfinite(logits).all()
+    assert len(d.magnitudes) == len(cfg.widths)
+    convs = [m for m in g.modules() if isinstance(m, Conv)]
+    assert all(m.mp == mp for m in convs)
+    assert (g.out_gain is not None) == mp and hasattr(g, "head1") == mp and hasattr(g, "const") == (not mp)
+
+
+def test_bad_configs_are_refused():
+    with pytest.raises(ValueError, match="power of two"):
+        GANConfig(resolution=24)
+    with pytest.raises(ValueError, match="one entry per stage"):
+        GANConfig(resolution=32, widths=(64, 64))
+
+
+def test_post_hoc_ema_reconstructs_an_untracked_profile():
+    from kinegen.training.phema import PowerEMA, reconstruct, sigma_rel_to_gamma
+
+    assert sigma_rel_to_gamma(0.05) == pytest.approx(16.97, abs=0.05)  # EDM2's gamma for sigma_rel 0.05
+    module = torch.nn.Linear(1, 1, bias=False)
+    tracked, direct = PowerEMA(module, (0.05, 0.10)), PowerEMA(module, (0.07,))
+    snapshots = []
+    rng = torch.Generator().manual_seed(0)
+    for step in range(1, 2001):
+        with torch.no_grad():  # a drifting, noisy weight
+            module.weight.fill_(step / 100 + 0.3 * float(torch.randn((), generator=rng)))
+        tracked.update(module, step)
+        direct.update(module, step)
+        if step % 100 == 0:
+            for gamma, sd in zip(tracked.gammas, tracked.state_dicts(), strict=True):
+                snapshots.append((step, gamma, {k: v.clone() for k, v in sd.items()}))
+    got = reconstruct(snapshots, 0.07)["weight"].item()
+    want = direct.state_dicts()[0]["weight"].item()
+    assert got == pytest.approx(want, rel=2e-3)
+    assert abs(got - tracked.state_dicts()[0]["weight"].item()) > 10 * abs(got - want)
+
+
+def test_r1_r2_penalties_reach_the_discriminator_weights_through_the_double_backward():
+    from kinegen.training.gan_loss import discriminator_loss, generator_loss
+
+    cfg = GANConfig(**SMALL)
+    g, d = Generator(cfg), Discriminator(cfg)
+    real = torch.randn(4, 3, 16, 16)
+    labels = torch.tensor([0, 1, 2, 3])
+    fake = g(torch.randn(4, cfg.z_dim), labels)
+    d.zero_grad()
+    with_pen, stats = discriminator_loss(d, real, fake, labels, gamma=10.0)
+    with_pen.backward()
+    grad_pen = d.from_rgb.weight.grad.clone()
+    d.zero_grad()
+    discriminator_loss(d, real, fake, labels, gamma=0.0)[0].backward()
+    assert stats["r1"] > 0 and stats["r2"] > 0
+    assert not torch.allclose(grad_pen, d.from_rgb.weight.grad)  # the penalty changes D's gradient
+    g_loss, _ = generator_loss(d, real, g(torch.randn(4, cfg.z_dim), labels), labels)
+    g_loss.backward()
+    assert g.out_gain.grad is not None and torch.isfinite(g_loss)
+
+
+def _tiny_train(**kw):
+    from kinegen.training.configs import GANTrainConfig
+
+    base = dict(steps=2, batch_size=4, resolution=16, widths="64,64,32", snapshot_every=1, magnitude_every=1,
+                checkpoint_every=1)
+    return GANTrainConfig(**{**base, **kw})
+
+
+def test_gan_training_resumes_and_exports_a_post_hoc_ema(tmp_path):
+    import json
+
+    from kinegen.training.gan import train_gan
+
+    out = train_gan(tmp_path / "run", _tiny_train())
+    out = train_gan(tmp_path / "run", _tiny_train(steps=3))
+    logs = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert logs[-1]["step"] == 3 and "mag_0" in logs[-1] and logs[-1]["r1"] > 0  # resumed, not restarted
+    assert [r["step"] for r in logs] == [2, 3]
+    from kinegen.pipelines import MPGANPipeline
+
+    pipe = MPGANPipeline.from_pretrained(out)
+    assert pipe.class_names[0] == "red circle" and len(pipe.class_names) == 12
+    from kinegen.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="another network configuration"):
+        train_gan(tmp_path / "run", _tiny_train(steps=4, widths="64,32,32"))
+
+
+def test_gan_image_folder_errors(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from kinegen.errors import ConfigError
+    from kinegen.training.gan import train_gan
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match="no images"):
+        train_gan(tmp_path / "r1", _tiny_train(data=f"imagefolder:{tmp_path / 'empty'}"))
+    mixed = tmp_path / "mixed" / "cats"
+    mixed.mkdir(parents=True)
+    Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(mixed / "a.png")
+    Image.fromarray(np.zeros((20, 16, 3), np.uint8)).save(mixed / "b.png")
+    with pytest.raises(ConfigError, match="mixed sizes"):
+        train_gan(tmp_path / "r2", _tiny_train(data=f"imagefolder:{tmp_path / 'mixed'}"))
+    (mixed / "b.png").unlink()
+    Image.fromarray(np.full((16, 16, 3), 200, np.uint8)).save(mixed / "b.png")
+    out = train_gan(tmp_path / "r3", _tiny_train(data=f"imagefolder:{tmp_path / 'mixed'}"))
+    assert (out / "model_index.json").is_file()
+
+
+def test_pipeline_saves_loads_and_is_batch_independent(tmp_path):
+    import numpy as np
+
+    from kinegen.data.shape_images import class_names
+    from kinegen.pipelines import MPGANGenerator, MPGANPipeline
+
+    gan = MPGANGenerator.from_gan_config(GANConfig(resolution=16, widths=(64, 64, 32), num_classes=12), class_names())
+    with torch.no_grad():
+        gan.net.out_gain.fill_(1.0)
+    MPGANPipeline(gan=gan).save_pretrained(tmp_path / "p")
+    pipe = MPGANPipeline.from_pretrained(tmp_path / "p")
+    batch = pipe(class_labels=["red circle", 3, "Blue Star"], seeds=[5, 6, 7], output_type="np").images
+    alone = pipe(class_labels="blue star", seeds=7, output_type="np").images
+    assert batch.shape == (3, 16, 16, 3) and 0 <= batch.min() and batch.max() <= 1
+    np.testing.assert_allclose(batch[2], alone[0], atol=1e-5)
+    assert not np.allclose(batch[0], batch[1])
+    pt = pipe(class_labels=[0, 0], seeds=[1, 2], output_type="pt", truncation=0.5).images
+    assert pt.shape == (2, 3, 16, 16)
+    assert len(pipe(seeds=0).images) == 12  # every class once
+    with pytest.raises(ValueError, match="valid classes: red circle, red square"):
+        pipe(class_labels="green moon")
+    with pytest.raises(ValueError, match="2 seeds for 3 images"):
+        pipe(class_labels=[0, 1, 2], seeds=[1, 2])
+
+
+def test_gan_metrics_tell_real_images_from_noise():
+    import numpy as np
+
+    from kinegen.data.shape_images import HELD_OUT_SEED, batch
+    from kinegen.gan_eval import FeatureClassifier, evaluate_images
+
+    torch.manual_seed(0)
+    clf = FeatureClassifier(12)  # untrained: random features still separate these
+    n = 96
+    labels = np.arange(n) % 12
+    real = batch(np.arange(n) + HELD_OUT_SEED, labels, 32)
+    other = batch(np.arange(n) + HELD_OUT_SEED + 5000, labels, 32)
+    noise = (np.random.default_rng(0).random((n, 32, 32, 3)) * 255).astype(np.uint8)
+    same = evaluate_images(clf, real, labels, other, labels, kid_subset=48)
+    bad = evaluate_images(clf, real, labels, noise, labels, kid_subset=48)
+    assert same["fd"] < bad["fd"] / 3 and same["kid"] < bad["kid"]
+    assert same["precision"] > 0.5 > bad["precision"] and same["recall"] > 0.5 > bad["recall"]
+    assert same["modes"] == 12 and 0 <= same["class_accuracy"] <= 1
