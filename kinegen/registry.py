@@ -205,6 +205,9 @@ for _spec in [
     ModelSpec("flux.1-kontext-dev", "flux_kontext", "FLUX.1 Kontext [dev] image editing, 12B", 1024, 1024,
               28, 2.5, repo_id="black-forest-labs/FLUX.1-Kontext-dev",
               size_note="~34 GB (gated: accept the licence first)"),
+    # Trained by this repository (kinegen train) and shipped in assets/models/: runs offline on a CPU.
+    ModelSpec("kinegen-shapes-t2v", "wan", "Wan-architecture text-to-video trained here on moving shapes (bundled)",
+              128, 128, 20, 4.0, frames=17, fps=8, bundled="kinegen-shapes-t2v"),
     # Tiny random-weight models built in code: for tests, CI and a first run without downloads.
     ModelSpec("tiny-wan", "wan", "tiny random Wan 2.1 (tests; output is noise)", 64, 64, 4, 5.0, frames=9,
               builder=_tiny("tiny-wan")),
@@ -221,8 +224,8 @@ for _spec in [
 ]:
     register_model(_spec)
 
-DEFAULT_MODEL = "tiny-wan"
-"""Used when no ``--model`` is given. A tiny random model until the bundled one lands."""
+DEFAULT_MODEL = "kinegen-shapes-t2v"
+"""Used when no ``--model`` is given: the bundled text-to-video model (docs/bundled_model.md)."""
 
 
 def get_model_spec(name: str) -> ModelSpec:

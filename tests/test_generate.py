@@ -74,8 +74,8 @@ def test_cli_writes_png_for_image_models(tmp_path):
 
 def test_cli_cache_flag_and_json_summary(tmp_path, capsys):
     out = tmp_path / "c.mp4"
-    rc = main(["generate", "a red circle", "--steps", "4", "--cache", "first-block:threshold=0.9", "--json",
-               "-o", str(out)])
+    rc = main(["generate", "a red circle", "--model", "tiny-wan", "--steps", "4", "--cache",
+               "first-block:threshold=0.9", "--json", "-o", str(out)])
     assert rc == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["accelerators"] == [{"name": "first-block", "config": {"threshold": 0.9}}]
@@ -85,7 +85,7 @@ def test_cli_cache_flag_and_json_summary(tmp_path, capsys):
 
 def test_cli_default_output_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert main(["generate", "A Red Circle!", "--steps", "2", "--seed", "4"]) == 0
+    assert main(["generate", "A Red Circle!", "--model", "tiny-wan", "--steps", "2", "--seed", "4"]) == 0
     assert (tmp_path / "a-red-circle-seed4.mp4").is_file()
 
 

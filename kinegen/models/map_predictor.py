@@ -70,7 +70,7 @@ class MapPredictor(nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         c = self.config
-        x = (features - self.feature_mean) / self.feature_std
+        x = ((features - self.feature_mean) / self.feature_std).clamp(-5.0, 5.0)
         z = self.net(x)
         u = z[:, : c.rank * c.steps_ref].view(-1, c.steps_ref, c.rank)
         w = z[:, c.rank * c.steps_ref:].view(-1, c.rank, c.groups)

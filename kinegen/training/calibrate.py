@@ -121,7 +121,10 @@ def fit_predictor(records: list[dict], *, model_key: str, transformer_class: str
     cfg.trained_sizes = [list(s) for s in cfg.trained_sizes]
     model = MapPredictor(cfg)
     model.feature_mean.copy_(feats.mean(0))
-    model.feature_std.copy_(feats.std(0).clamp_min(1e-3) if len(records) > 1 else torch.ones(feats.shape[1]))
+    std = feats.std(0) if len(records) > 1 else torch.zeros(feats.shape[1])
+    # features constant over the calibration set (e.g. the step count) keep unit scale: another value at
+    # inference then moves the input a little instead of by thousands of standard deviations
+    model.feature_std.copy_(torch.where(std < 1e-3, torch.ones_like(std), std))
     with torch.no_grad():
         model.mean_log_map.copy_(target.mean(0))
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
