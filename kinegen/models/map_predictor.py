@@ -7,14 +7,16 @@ Kontext includes the reference latent), and four scalars: log frames, log tokens
 steps / 50 and guidance / 10.
 
 Output: ``log V`` on a fixed grid of ``steps_ref`` points of normalised time by ``groups``,
-as a learned average map plus a rank-``r`` correction ``U(x) W(x)`` (the low-rank head of
-docs/caching.md); the run's map is resampled from it to the run's step count.
+as a learned average map plus a rank-``r`` correction ``U(x) W``: per-run temporal coefficients
+``U(x)`` from an MLP on the features, over a learned basis ``W`` of group patterns (the low-rank
+head of docs/caching.md); the run's map is resampled from it to the run's step count.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from pathlib import Path
 
@@ -51,7 +53,11 @@ class MapPredictorConfig:
 
 
 class MapPredictor(nn.Module):
-    """``log V_hat[b, s, g] = M[s, g] + sum_r U[b, s, r] W[b, r, g]`` with ``U, W = MLP(features)``."""
+    """``log V_hat[b, s, g] = M[s, g] + sum_r U[b, s, r] W[r, g]`` with ``U = MLP(features)``.
+
+    The MLP's last layer starts at zero (the prediction starts at the average map) while ``W`` starts
+    random, so the correction receives gradient from the first step (two zero factors would not).
+    """
 
     def __init__(self, config: MapPredictorConfig):
         super().__init__()
@@ -63,18 +69,17 @@ class MapPredictor(nn.Module):
         self.net = nn.Sequential(
             nn.Linear(c.feature_dim, c.hidden), nn.SiLU(),
             nn.Linear(c.hidden, c.hidden), nn.SiLU(),
-            nn.Linear(c.hidden, c.rank * (c.steps_ref + c.groups)),
+            nn.Linear(c.hidden, c.rank * c.steps_ref),
         )
         nn.init.zeros_(self.net[-1].weight)
         nn.init.zeros_(self.net[-1].bias)
+        self.group_basis = nn.Parameter(torch.randn(c.rank, c.groups) / math.sqrt(c.rank))
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         c = self.config
         x = ((features - self.feature_mean) / self.feature_std).clamp(-5.0, 5.0)
-        z = self.net(x)
-        u = z[:, : c.rank * c.steps_ref].view(-1, c.steps_ref, c.rank)
-        w = z[:, c.rank * c.steps_ref:].view(-1, c.rank, c.groups)
-        return self.mean_log_map + u @ w
+        u = self.net(x).view(-1, c.steps_ref, c.rank)
+        return self.mean_log_map + u @ self.group_basis
 
     def average_log_map(self) -> torch.Tensor:
         return self.mean_log_map.detach()
