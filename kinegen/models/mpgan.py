@@ -174,6 +174,16 @@ def _unit(x: torch.Tensor, var) -> torch.Tensor:
     return x / var.sqrt().view(1, -1, 1, 1)
 
 
+def _stages(widths, cfg: GANConfig) -> tuple[nn.ModuleList, nn.ModuleList]:
+    """Residual blocks per stage, and the 1x1 width changes between consecutive stages."""
+    total = cfg.blocks_per_stage * len(widths)
+    stages = nn.ModuleList(nn.ModuleList(ResidualBlock(c, cfg, total) for _ in range(cfg.blocks_per_stage))
+                           for c in widths)
+    transitions = nn.ModuleList(Conv(a, b, 1, mp=cfg.weight_norm, centering=cfg.centering)
+                                for a, b in zip(widths[:-1], widths[1:], strict=True))
+    return stages, transitions
+
+
 # ---------------------------------------------------------------------------- generator
 
 
@@ -184,7 +194,6 @@ class Generator(nn.Module):
         super().__init__()
         self.cfg = cfg
         mp, cen = cfg.weight_norm, cfg.centering
-        total = cfg.blocks_per_stage * len(cfg.widths)
         c0 = cfg.widths[0]
         self.embed = Linear(cfg.num_classes, cfg.embed_dim, mp=mp, centering=False)
         cond = cfg.z_dim + cfg.embed_dim
@@ -195,12 +204,7 @@ class Generator(nn.Module):
         else:
             self.const = nn.Parameter(torch.randn(c0, 4, 4))
             self.modulation = Linear(cond, c0, bias=True, mp=mp, centering=cen)
-        self.stages = nn.ModuleList()
-        self.transitions = nn.ModuleList()
-        for i, c in enumerate(cfg.widths):
-            self.stages.append(nn.ModuleList([ResidualBlock(c, cfg, total) for _ in range(cfg.blocks_per_stage)]))
-            if i + 1 < len(cfg.widths):
-                self.transitions.append(Conv(c, cfg.widths[i + 1], 1, mp=mp, centering=cen))
+        self.stages, self.transitions = _stages(cfg.widths, cfg)
         self.to_rgb = Conv(cfg.widths[-1], 3, 1, bias=True, mp=mp, centering=False)
         self.out_gain = nn.Parameter(torch.zeros(())) if mp else None
 
@@ -243,15 +247,9 @@ class Discriminator(nn.Module):
         super().__init__()
         self.cfg = cfg
         mp, cen = cfg.weight_norm, cfg.centering
-        total = cfg.blocks_per_stage * len(cfg.widths)
         widths = cfg.widths[::-1]  # from full resolution down to 4x4
         self.from_rgb = Conv(3, widths[0], 1, bias=True, mp=mp, centering=False, init_gain=LRELU_GAIN_R3GAN)
-        self.stages = nn.ModuleList()
-        self.transitions = nn.ModuleList()
-        for i, c in enumerate(widths):
-            self.stages.append(nn.ModuleList([ResidualBlock(c, cfg, total) for _ in range(cfg.blocks_per_stage)]))
-            if i + 1 < len(widths):
-                self.transitions.append(Conv(c, widths[i + 1], 1, mp=mp, centering=cen))
+        self.stages, self.transitions = _stages(widths, cfg)
         c4 = widths[-1]
         if cfg.ff_heads:
             self.head1 = Conv(c4, 2 * c4, 1, bias=True, mp=mp, centering=cen, init_gain=LRELU_GAIN_R3GAN)
