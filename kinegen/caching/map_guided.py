@@ -407,7 +407,8 @@ class MapGuidedCache:
                 if self.sync:
                     torch.cuda.synchronize()
                 run.t_first = time.perf_counter()
-        compute = self.record_only or run is None or run.plan is None or bool(run.plan.compute[t, g])
+        compute = (self.record_only or run is None or run.plan is None or t >= run.plan.compute.shape[0]
+                   or bool(run.plan.compute[t, g]))
         if not compute and st.cache.get(g) is None:
             compute = True
             if hook.last and run is not None:
