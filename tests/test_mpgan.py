@@ -201,3 +201,17 @@ def test_gan_metrics_tell_real_images_from_noise():
     assert same["fd"] < bad["fd"] / 3 and same["kid"] < bad["kid"]
     assert same["precision"] > 0.5 > bad["precision"] and same["recall"] > 0.5 > bad["recall"]
     assert same["modes"] == 12 and 0 <= same["class_accuracy"] <= 1
+
+
+def test_bundled_gan_evaluation_classifier_knows_the_classes():
+    import numpy as np
+
+    from kinegen.data.shape_images import HELD_OUT_SEED, batch
+    from kinegen.gan_eval import REFERENCE_SEEDS, load_classifier
+
+    clf = load_classifier()
+    labels = np.arange(96) % 12
+    x = torch.from_numpy(batch(HELD_OUT_SEED + REFERENCE_SEEDS + np.arange(96), labels, 32))
+    with torch.no_grad():
+        pred = clf(x.permute(0, 3, 1, 2).float() / 127.5 - 1).argmax(1).numpy()
+    assert (pred == labels).mean() >= 0.95
