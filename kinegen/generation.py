@@ -191,6 +191,14 @@ def run_pipeline(pipe, kwargs: dict[str, Any]) -> np.ndarray:
     return frames[None] if frames.ndim == 3 else frames
 
 
+def run_info(pipe, request: GenerationRequest) -> RunInfo:
+    """What accelerators learn about a resolved request, with a ``dense_call`` that runs it unaccelerated."""
+    return RunInfo(num_inference_steps=request.steps, model_key=_spec_of(pipe).name,
+                   guidance_calls=family_for_pipeline(pipe).guidance_calls(request),
+                   guidance_scale=request.guidance, shape_key=(request.frames, request.height, request.width),
+                   dense_call=lambda: run_pipeline(pipe, pipeline_kwargs(pipe, request)))
+
+
 def generate(pipe, prompt: str | GenerationRequest, *, accelerators=(), step_callback=None,
              **fields) -> GenerationResult:
     """Generate one video or image.
@@ -214,12 +222,7 @@ def generate(pipe, prompt: str | GenerationRequest, *, accelerators=(), step_cal
             return {}
 
         kwargs["callback_on_step_end"] = on_step_end
-    run = RunInfo(num_inference_steps=request.steps, model_key=_spec_of(pipe).name,
-                  guidance_calls=family_for_pipeline(pipe).guidance_calls(request),
-                  guidance_scale=request.guidance,
-                  shape_key=(request.frames, request.height, request.width),
-                  dense_call=lambda: run_pipeline(pipe, pipeline_kwargs(pipe, request)))
-    handles = accelerate(pipe, *accelerators, run=run)
+    handles = accelerate(pipe, *accelerators, run=run_info(pipe, request))
     try:
         with StageTimer(pipe) as timer:
             frames = run_pipeline(pipe, kwargs)

@@ -40,10 +40,8 @@ def read_prompts(path: str | Path) -> list[str]:
 def record_calibration_maps(pipe, prompts: list[str], seeds: int = 1, group_size: int = 1, progress=None,
                             sink: Path | None = None, **fields) -> list[dict]:
     """One dense recording run per (prompt, seed); returns (and appends to ``sink``) one record each."""
-    from ..accelerate import RunInfo
     from ..caching.map_guided import record_map
-    from ..generation import GenerationRequest, _spec_of, pipeline_kwargs, resolve_request, run_pipeline
-    from ..registry import family_for_pipeline
+    from ..generation import GenerationRequest, resolve_request, run_info
 
     records = []
     out = open(sink, "a") if sink else None  # noqa: SIM115 (closed below)
@@ -52,12 +50,8 @@ def record_calibration_maps(pipe, prompts: list[str], seeds: int = 1, group_size
         for i, prompt in enumerate(prompts):
             for seed in range(seeds):
                 req = resolve_request(pipe, GenerationRequest(prompt=prompt, seed=seed, **fields))
-                run = RunInfo(num_inference_steps=req.steps, model_key=_spec_of(pipe).name,
-                              guidance_calls=family_for_pipeline(pipe).guidance_calls(req),
-                              guidance_scale=req.guidance, shape_key=(req.frames, req.height, req.width),
-                              dense_call=lambda req=req: run_pipeline(pipe, pipeline_kwargs(pipe, req)))
                 t0 = time.perf_counter()
-                rec = record_map(pipe, run, group_size=group_size)
+                rec = record_map(pipe, run_info(pipe, req), group_size=group_size)
                 record = {"prompt": prompt, "prompt_index": i, "seed": seed, "steps": req.steps,
                           "guidance": req.guidance, "size": [req.frames, req.height, req.width],
                           "grid": list(rec["grid"]), "groups": rec["map"].groups,
