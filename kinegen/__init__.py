@@ -31,6 +31,8 @@ _LAZY = {
     "generate": ("generation", "generate"),
     "GenerationRequest": ("generation", "GenerationRequest"),
     "GenerationResult": ("generation", "GenerationResult"),
+    "generate_class_images": ("generation", "generate_class_images"),
+    "ClassImagesResult": ("generation", "ClassImagesResult"),
     "accelerate": ("accelerate", "accelerate"),
     "list_accelerators": ("accelerate", "list_accelerators"),
     "parse_spec": ("accelerate", "parse_spec"),

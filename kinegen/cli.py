@@ -69,12 +69,25 @@ def build_parser() -> argparse.ArgumentParser:
         "generate", help="generate a video (mp4) or image (png) from a prompt",
         description="Generate a video (mp4) or image (png) from a prompt, with optional accelerators.",
         epilog=EPILOG_ACCEL
-        + ' Example: kinegen generate "a red circle moving right" --cache first-block:threshold=0.08',
+        + ' Example: kinegen generate "a red circle moving right" --cache first-block:threshold=0.08. '
+          'Class-conditional GANs take --class instead of a prompt and write an image grid: kinegen generate '
+          '--model kinegen-shapes-gan --class "red circle" --num-images 16 -o grid.png',
     )
-    gen.add_argument("prompt", help="what to generate")
+    gen.add_argument("prompt", nargs="?", help="what to generate (text-conditioned models)")
     gen.add_argument("--output", "-o", metavar="FILE",
-                     help="output file: .mp4 for video models, .png/.jpg/.webp for image models "
-                          "(default: a name made from the prompt and seed, in the current folder)")
+                     help="output file: .mp4 for video models, .png/.jpg/.webp for image models and GAN grids "
+                          "(default: a name made from the prompt (or class) and seed, in the current folder)")
+    gan = gen.add_argument_group("class-conditional GANs (kinegen-shapes-gan or an MPGANPipeline folder)")
+    gan.add_argument("--class", dest="class_labels", action="append", metavar="NAME",
+                     help="a class name or index (repeat for several, cycled over the images; default: every "
+                          "class in turn)")
+    gan.add_argument("--num-images", type=int, default=16, metavar="N",
+                     help="images in the grid; image i uses seed SEED+i (default: %(default)s)")
+    gan.add_argument("--truncation", type=float, default=1.0, metavar="T",
+                     help="latent truncation in (0, 1]; 1 = off, lower = higher fidelity, less variety "
+                          "(default: %(default)s)")
+    gan.add_argument("--upscale", type=int, default=4, metavar="K",
+                     help="enlarge each image K times (nearest neighbour) in the grid (default: %(default)s)")
     gen.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     gen.add_argument("--cache", metavar="NAME[:k=v,...]",
                      help="a caching accelerator: mapguided, first-block, taylorseer, mag, pab, faster (see "
@@ -198,6 +211,34 @@ def build_parser() -> argparse.ArgumentParser:
     evg.add_argument("--inception-weights", metavar="PATH", help="local Inception weights for the FID")
     evg.add_argument("--output", "-o", metavar="FILE", help="write the metrics as JSON")
     evg.set_defaults(func=cmd_eval_gan)
+    app = sub.add_parser(
+        "app", help="start the web UI (Generate, GAN, Profile, History) and its API",
+        description="Start the Gradio web app. Models load once and are reused; runs go through a queue with "
+                    "--concurrency runs at a time and at most --max-queue waiting; outputs are written to "
+                    "--output-dir, the only folder the server serves files from. The generate function is also "
+                    "an API endpoint: gradio_client's Client(URL).predict(prompt=..., seed=..., "
+                    "api_name=\"/generate\") returns the video file.",
+        epilog="Example: kinegen app --port 7860 --auth alice:secret --rate-limit 6")
+    app.add_argument("--host", default="127.0.0.1",
+                     help="interface to listen on; 0.0.0.0 for every interface (default: %(default)s)")
+    app.add_argument("--port", type=int, default=7860, help="port (default: %(default)s)")
+    app.add_argument("--models", nargs="+", metavar="M", default=[DEFAULT_MODEL],
+                     help="text-to-video/image models to offer: registry names or local diffusers folders "
+                          "(default: %(default)s)")
+    app.add_argument("--gan-models", nargs="*", metavar="M", default=["kinegen-shapes-gan"],
+                     help="class-conditional GANs for the GAN tab (default: %(default)s; none to hide it)")
+    app.add_argument("--output-dir", default="kinegen-app-outputs", metavar="DIR",
+                     help="where outputs and history.jsonl are written (default: %(default)s)")
+    app.add_argument("--concurrency", type=int, default=1, metavar="N",
+                     help="runs executing at once on the device (default: %(default)s)")
+    app.add_argument("--max-queue", type=int, default=16, metavar="N",
+                     help="runs that may wait in the queue; more are refused (default: %(default)s)")
+    app.add_argument("--rate-limit", type=int, default=0, metavar="N",
+                     help="runs per user per minute, 0 = unlimited (default: %(default)s)")
+    app.add_argument("--auth", action="append", metavar="USER:PASSWORD",
+                     help="require a login (repeat for several users); see also --auth-file")
+    app.add_argument("--auth-file", metavar="FILE", help="a file of USER:PASSWORD lines")
+    app.set_defaults(func=cmd_app)
     return parser
 
 
@@ -262,11 +303,82 @@ def _accelerator_specs(args) -> tuple[str, ...]:
 # ---------------------------------------------------------------------------- commands
 
 
+_GAN_ONLY = ("class_labels", "--class"), ("num_images", "--num-images"), ("truncation", "--truncation"), \
+    ("upscale", "--upscale")
+_TEXT_ONLY = ("cache", "--cache"), ("attention", "--attention"), ("heatmap", "--heatmap"), \
+    ("negative_prompt", "--negative-prompt"), ("height", "--height"), ("width", "--width"), \
+    ("frames", "--frames"), ("steps", "--steps"), ("guidance", "--guidance"), \
+    ("true_cfg_scale", "--true-cfg-scale"), ("image", "--image")
+
+
+def _is_gan(spec) -> bool:
+    from .registry import FAMILIES
+
+    return spec is not None and FAMILIES[spec.family].conditioning == "class"
+
+
+def _check_flags_for(spec, args) -> None:
+    """Flags that do not apply to the chosen model are an error, not silently ignored."""
+    from .errors import ConfigError
+
+    gan = _is_gan(spec)
+    defaults = {"num_images": 16, "truncation": 1.0, "upscale": 4}
+    for dest, flag in (_TEXT_ONLY if gan else _GAN_ONLY):
+        value = getattr(args, dest, None)
+        if value is not None and value != defaults.get(dest):
+            what = ("a class-conditional GAN (it takes --class, --num-images, --truncation)" if gan else
+                    "a text-conditioned model (--class, --num-images, --truncation and --upscale are for GANs)")
+            raise ConfigError(f"{flag} does not apply to {spec.name}, {what}.")
+    if not gan and args.prompt is None:
+        raise ConfigError(f"{spec.name} needs a prompt: kinegen generate \"a red circle moving right\".")
+
+
+def cmd_generate_gan(args) -> int:
+    """``kinegen generate --model <gan> --class NAME --num-images N``: one grid image."""
+    from .generation import generate_class_images
+    from .media import check_output_path
+
+    labels = list(args.class_labels or ([args.prompt] if args.prompt else []))
+    labels = [int(x) if x.strip().isdigit() else x for x in labels]
+    name = "-".join(str(x) for x in labels) or "all-classes"
+    output = Path(args.output) if args.output else _default_output(f"{name}-grid", args.seed, "image")
+    output = check_output_path(output, "image")
+    if not 1 <= args.upscale <= 16:
+        from .errors import ConfigError
+
+        raise ConfigError(f"--upscale must be between 1 and 16; got {args.upscale}.")
+    pipe, load_s = _load(args)
+    result = generate_class_images(pipe, labels or None, num_images=args.num_images, seed=args.seed,
+                                   truncation=args.truncation)
+    result.save(output, upscale=args.upscale)
+    n, h, w = result.images.shape[:3]
+    if args.json:
+        print(json.dumps({"output": str(output), "model": pipe.kinegen_spec.name, "images": n, "height": h,
+                          "width": w, "classes": result.class_names, "seeds": result.seeds,
+                          "truncation": result.truncation, "timings_s": {"load": load_s, **result.timings}},
+                         indent=2))
+        return 0
+    print(f"wrote {output} ({n} images of {w}x{h}: {', '.join(dict.fromkeys(result.class_names))}; seeds "
+          f"{result.seeds[0]}..{result.seeds[-1]})")
+    print(f"time: load {load_s:.2f} s | generator {result.timings['generator'] * 1000:.1f} ms "
+          f"({result.timings['per_image'] * 1000:.2f} ms per image, one forward each)")
+    return 0
+
+
 def cmd_generate(args) -> int:
     from .generation import GenerationRequest, check_request_basics, generate
     from .loading import resolve_model
     from .media import check_output_path
 
+    spec = resolve_model(args.model).spec  # None for a hub id not downloaded yet
+    if spec is not None:
+        _check_flags_for(spec, args)
+        if _is_gan(spec):
+            return cmd_generate_gan(args)
+    if args.prompt is None:
+        from .errors import ConfigError
+
+        raise ConfigError("Give a prompt: kinegen generate \"a red circle moving right\".")
     request = GenerationRequest(prompt=args.prompt, seed=args.seed, **_request_fields(args))
     check_request_basics(request)
     accelerators = _accelerator_specs(args)
@@ -278,7 +390,6 @@ def cmd_generate(args) -> int:
         if Path(args.heatmap).suffix.lower() != ".png":
             raise ConfigError(f"--heatmap writes a PNG; give a file name ending in .png, not {args.heatmap}.")
         check_output_path(args.heatmap, "image")
-    spec = resolve_model(args.model).spec  # None for a hub id not downloaded yet
     if spec is not None:  # check the output before spending time on loading
         output = Path(args.output) if args.output else _default_output(args.prompt, args.seed, spec.kind)
         check_output_path(output, spec.kind)
@@ -502,6 +613,40 @@ def cmd_eval_gan(args) -> int:
                                                    if "inception_fid" in m else ""))
     if args.output:
         atomic_write_text(args.output, json.dumps(m, indent=2) + "\n")
+    return 0
+
+
+def _read_auth(args) -> list[tuple[str, str]] | None:
+    from .errors import ConfigError
+
+    lines = list(args.auth or [])
+    if args.auth_file:
+        path = Path(args.auth_file)
+        if not path.is_file():
+            raise ConfigError(f"--auth-file {path} does not exist.")
+        lines += [ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    pairs = []
+    for line in lines:
+        user, sep, password = line.partition(":")
+        if not sep or not user or not password:
+            raise ConfigError("--auth takes USER:PASSWORD with both parts non-empty.")
+        pairs.append((user, password))
+    return pairs or None
+
+
+def cmd_app(args) -> int:
+    from .apps.service import AppConfig
+    from .apps.web import launch_app
+    from .loading import resolve_model
+
+    for m in list(args.models) + list(args.gan_models):
+        resolve_model(m)  # unknown names and incomplete folders fail here, before the server starts
+    config = AppConfig(models=list(args.models), gan_models=list(args.gan_models), output_dir=Path(args.output_dir),
+                       concurrency=args.concurrency, max_queue=args.max_queue, rate_limit=args.rate_limit,
+                       auth=_read_auth(args))
+    print(f"Kinegen app on http://{args.host}:{args.port}/ (outputs in {config.output_dir.resolve()}); Ctrl+C stops it",
+          flush=True)
+    launch_app(config, host=args.host, port=args.port)
     return 0
 
 

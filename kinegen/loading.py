@@ -330,12 +330,17 @@ def _from_folder(folder: Path, dtype: torch.dtype):
     import diffusers
 
     cls_name = read_pipeline_class(folder)
-    cls = getattr(diffusers, cls_name, None)
+    if cls_name == "MPGANPipeline":  # Kinegen's own pipeline, not in diffusers
+        from .pipelines import MPGANPipeline
+
+        cls = MPGANPipeline
+    else:
+        cls = getattr(diffusers, cls_name, None)
     if cls is None or cls_name not in PIPELINE_CLASS_TO_FAMILY:
         supported = ", ".join(sorted(PIPELINE_CLASS_TO_FAMILY))
         raise ModelNotFoundError(f"{folder} holds a {cls_name}, which Kinegen does not drive. Supported: {supported}.")
     try:
-        return cls.from_pretrained(folder, torch_dtype=dtype, use_safetensors=True, local_files_only=True)
+        return cls.from_pretrained(folder, dtype=dtype, use_safetensors=True, local_files_only=True)
     except Exception as e:  # corrupt or mismatched files: one line, not a traceback
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelNotFoundError(f"diffusers could not load {folder} as a {cls_name}: {first}") from None

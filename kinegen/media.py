@@ -139,6 +139,29 @@ def write_image(path: str | os.PathLike, image: np.ndarray) -> Path:
     return path
 
 
+def image_grid(images: np.ndarray, columns: int | None = None, upscale: int = 1, pad: int = 2,
+               background: float = 1.0) -> np.ndarray:
+    """Tile ``[N, H, W, 3]`` images (float in [0, 1]) into one ``[rows*(H+pad)+pad, ..., 3]`` image.
+
+    ``columns`` defaults to ``ceil(sqrt(N))``; ``upscale`` enlarges each image by nearest neighbour first
+    (small GAN samples stay crisp); the padding between cells has the ``background`` value.
+    """
+    images = np.asarray(images, dtype=np.float32)
+    if images.ndim != 4 or images.shape[-1] != 3 or len(images) == 0:
+        raise ValueError(f"image_grid takes [N, H, W, 3] images with N >= 1, got shape {images.shape}.")
+    if upscale > 1:
+        images = images.repeat(upscale, axis=1).repeat(upscale, axis=2)
+    n, h, w, _ = images.shape
+    cols = columns or int(np.ceil(np.sqrt(n)))
+    rows = int(np.ceil(n / cols))
+    grid = np.full((rows * (h + pad) + pad, cols * (w + pad) + pad, 3), background, dtype=np.float32)
+    for i, img in enumerate(images):
+        r, c = divmod(i, cols)
+        y, x = pad + r * (h + pad), pad + c * (w + pad)
+        grid[y:y + h, x:x + w] = img
+    return grid
+
+
 def write_output(path: str | os.PathLike, frames: np.ndarray, kind: str, fps: int = 16) -> Path:
     """Write a generation's frames: an mp4 for video, the first frame as an image otherwise."""
     if kind == "video":

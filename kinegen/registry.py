@@ -30,6 +30,8 @@ class Family:
             used when it is above 1), ``"distilled"`` when it is an embedded guidance value
             (classifier-free guidance then needs ``true_cfg_scale`` above 1 and a negative prompt).
         takes_image: the pipeline edits an input image (FLUX Kontext).
+        conditioning: ``"text"`` (a prompt, many denoising steps) or ``"class"`` (a class label, one
+            generator forward: the MP-GAN; driven by :func:`kinegen.generation.generate_class_images`).
     """
 
     name: str
@@ -37,6 +39,7 @@ class Family:
     kind: str
     cfg_mode: str
     takes_image: bool = False
+    conditioning: str = "text"
 
     def spatial_multiple(self, pipe) -> int:
         """Height and width must be multiples of this (VAE downsampling x transformer patch)."""
@@ -104,6 +107,7 @@ FAMILIES: dict[str, Family] = {
         Family("cogvideox", "CogVideoXPipeline", "video", "cfg"),
         Family("flux", "FluxPipeline", "image", "distilled"),
         Family("flux_kontext", "FluxKontextPipeline", "image", "distilled", takes_image=True),
+        Family("mpgan", "MPGANPipeline", "image", "none", conditioning="class"),
     ]
 }
 
@@ -208,6 +212,8 @@ for _spec in [
     # Trained by this repository (kinegen train) and shipped in assets/models/: runs offline on a CPU.
     ModelSpec("kinegen-shapes-t2v", "wan", "Wan-architecture text-to-video trained here on moving shapes (bundled)",
               128, 128, 20, 4.0, frames=17, fps=8, bundled="kinegen-shapes-t2v"),
+    ModelSpec("kinegen-shapes-gan", "mpgan", "class-conditional MP-GAN trained here on 12 shape/colour classes, "
+              "32x32, one step (bundled)", 32, 32, 1, 0.0, bundled="kinegen-shapes-gan"),
     # Tiny random-weight models built in code: for tests, CI and a first run without downloads.
     ModelSpec("tiny-wan", "wan", "tiny random Wan 2.1 (tests; output is noise)", 64, 64, 4, 5.0, frames=9,
               builder=_tiny("tiny-wan")),

@@ -215,3 +215,55 @@ def test_bundled_gan_evaluation_classifier_knows_the_classes():
     with torch.no_grad():
         pred = clf(x.permute(0, 3, 1, 2).float() / 127.5 - 1).argmax(1).numpy()
     assert (pred == labels).mean() >= 0.95
+
+
+def _tiny_pipeline_folder(path):
+    from kinegen.data.shape_images import class_names
+    from kinegen.pipelines import MPGANGenerator, MPGANPipeline
+
+    gan = MPGANGenerator.from_gan_config(GANConfig(resolution=16, widths=(64, 64, 32), num_classes=12), class_names())
+    with torch.no_grad():
+        gan.net.out_gain.fill_(1.0)
+    MPGANPipeline(gan=gan).save_pretrained(path)
+    return path
+
+
+def test_generate_class_images_from_a_folder_and_its_errors(tmp_path):
+    import numpy as np
+
+    import kinegen
+    from kinegen.errors import InvalidRequestError
+
+    pipe = kinegen.load_pipeline(_tiny_pipeline_folder(tmp_path / "gan"), cache=False)
+    res = kinegen.generate_class_images(pipe, ["red circle", "blue star"], num_images=5, seed=3)
+    assert res.images.shape == (5, 16, 16, 3) and res.seeds == [3, 4, 5, 6, 7]
+    assert res.class_names == ["red circle", "blue star", "red circle", "blue star", "red circle"]
+    one = kinegen.generate_class_images(pipe, "blue star", num_images=1, seed=6)
+    np.testing.assert_allclose(res.images[3], one.images[0], atol=1e-5)  # seed and class decide the image
+    grid = res.grid(upscale=2)
+    assert grid.shape == (2 + 2 * (32 + 2), 2 + 3 * (32 + 2), 3)
+    out = res.save(tmp_path / "grid.png")
+    assert out.is_file()
+    with pytest.raises(InvalidRequestError, match="valid classes: red circle"):
+        kinegen.generate_class_images(pipe, "green moon")
+    with pytest.raises(InvalidRequestError, match="num_images"):
+        kinegen.generate_class_images(pipe, num_images=0)
+    with pytest.raises(InvalidRequestError, match="class-conditional GAN"):
+        kinegen.generate(pipe, "a red circle")
+
+
+def test_cli_generate_writes_a_gan_grid_and_refuses_text_flags(tmp_path, capsys):
+    from PIL import Image
+
+    from kinegen.cli import main
+
+    folder = str(_tiny_pipeline_folder(tmp_path / "gan"))
+    out = tmp_path / "grid.png"
+    assert main(["generate", "--model", folder, "--class", "red circle", "--num-images", "16", "-o", str(out)]) == 0
+    assert Image.open(out).size == (2 + 4 * (64 + 2),) * 2  # 4x4 grid of 16x16 images upscaled 4x
+    assert main(["generate", "--model", folder, "--class", "red circle", "--steps", "4"]) == 2
+    assert "--steps does not apply" in capsys.readouterr().err
+    assert main(["generate", "a red circle", "--model", "tiny-wan", "--class", "red circle"]) == 2
+    assert "--class does not apply to tiny-wan" in capsys.readouterr().err
+    assert main(["generate", "--model", "tiny-wan"]) == 2
+    assert "needs a prompt" in capsys.readouterr().err

@@ -207,7 +207,7 @@ def train_gan(run_dir: str | Path, cfg: GANTrainConfig) -> Path:
         renormalize_(g)
         step += 1
         ema.update(g, step)
-        values = {"loss_d": float(loss_d), **stats, **gstats}
+        values = {"loss_d": float(loss_d.detach()), **stats, **gstats}
         if step % cfg.magnitude_every == 0 or step == 1:
             d.track_magnitudes = True
             with torch.no_grad():

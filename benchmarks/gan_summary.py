@@ -1,0 +1,99 @@
+"""Tables and the discriminator-magnitude plot from benchmarks/run_gan.sh's results.
+
+    .venv/bin/python benchmarks/gan_summary.py   # prints markdown; writes benchmarks/gan_magnitudes.png
+"""
+
+import json
+import statistics
+from pathlib import Path
+
+RESULTS = Path("benchmarks/results/gan")
+METRICS = [("fd", "FD (classifier features)", ".3f"), ("kid", "KID", ".4f"), ("precision", "precision", ".2f"),
+           ("recall", "recall", ".2f"), ("class_accuracy", "class accuracy", ".1%")]
+
+
+def load(name):
+    m = json.loads((RESULTS / f"{name}.json").read_text())
+    log = [json.loads(x) for x in (RESULTS / f"{name}.log.jsonl").read_text().splitlines()]
+    wall = float((RESULTS / f"{name}.time").read_text().split()[0])
+    return m, log, wall
+
+
+def fmt(vals, spec):
+    if len(vals) == 1:
+        return format(vals[0], spec)
+    return f"{format(statistics.mean(vals), spec)} ({', '.join(format(v, spec) for v in vals)})"
+
+
+def row(label, names):
+    ms = [load(n) for n in names]
+    cells = [fmt([m[k] for m, _, _ in ms], spec) for k, _, spec in METRICS]
+    cells.append(fmt([m["modes_covered"] for m, _, _ in ms], "d") + f"/{ms[0][0]['modes']}")
+    cells.append(f"{ms[0][1][-1]['step']}")
+    cells.append(fmt([w / 60 for _, _, w in ms], ".1f"))
+    return f"| {label} | " + " | ".join(cells) + " |"
+
+
+def main():
+    head = "| run | " + " | ".join(t for _, t, _ in METRICS) + " | modes | steps | train min |"
+    sep = "|" + "---|" * (len(METRICS) + 4)
+    print("## MP-GAN against R3GAN (mean over seeds, each seed in brackets)\n")
+    print(head + "\n" + sep)
+    print(row("MP-GAN", ["mp-s0", "mp-s1"]))
+    print(row("R3GAN baseline", ["r3gan-s0", "r3gan-s1"]))
+    print("\n## Ablation (seed 0)\n")
+    print(head + "\n" + sep)
+    for label, name in [("MP-GAN (all changes)", "mp-s0"), ("- MP residuals", "mp-no-mp_residual"),
+                        ("- weight normalisation and centering", "mp-no-weight_norm"),
+                        ("R3GAN baseline (all off)", "r3gan-s0")]:
+        if (RESULTS / f"{name}.json").is_file():
+            print(row(label, [name]))
+    plot()
+
+
+def raw_magnitudes(log, key):
+    """The per-measurement values behind the training log's running average (0.9 old + 0.1 new).
+
+    D's magnitudes are measured at step 1 and every 50 steps and the log, written every 20 steps,
+    holds their running average; each change between consecutive log lines is one new measurement,
+    recovered exactly by inverting the average.
+    """
+    steps, values, prev = [], [], None
+    for r in log:
+        a = r.get(key)
+        if a is None or a == prev:
+            continue
+        values.append(a if prev is None else (a - 0.9 * prev) / 0.1)
+        steps.append(r["step"])
+        prev = a
+    return steps, values
+
+
+def plot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    variants = [("MP-GAN", ["mp-s0", "mp-s1"]), ("R3GAN baseline", ["r3gan-s0", "r3gan-s1"])]
+    for ax, (title, names) in zip(axes, variants, strict=True):
+        for name, style in zip(names, ["-", "--"], strict=True):
+            _, log, _ = load(name)
+            stages = sorted(k for k in log[-1] if k.startswith("mag_"))
+            total = log[-1]["step"]
+            for i, k in enumerate(stages):
+                steps, values = raw_magnitudes(log, k)
+                ax.plot([s / total for s in steps], values, style, color=f"C{i}", label=f"stage {i} ({name[-2:]})")
+        ax.set_title(title)
+        ax.set_xlabel("fraction of training")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("D activation RMS on real images")
+    axes[1].legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig("benchmarks/gan_magnitudes.png", dpi=110)
+    print("\nwrote benchmarks/gan_magnitudes.png")
+
+
+if __name__ == "__main__":
+    main()

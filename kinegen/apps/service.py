@@ -1,0 +1,349 @@
+"""The web app's service layer: models loaded once, runs serialised per model, limits, history.
+
+Everything here is plain Python (no Gradio), so the behaviour the web UI and its API promise
+(validation, rate limits, output files, history) is tested directly. :mod:`kinegen.apps.web`
+only lays out the page and turns :class:`~kinegen.errors.KinegenError` into messages.
+
+Concurrency: Gradio's queue bounds how many runs execute at once (``AppConfig.concurrency``,
+shared by every generate, GAN and profile event) and how many may wait (``max_queue``). On
+top of that each loaded pipeline has a lock, because accelerators install hooks on the shared
+pipeline for the duration of a run.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import re
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, InvalidRequestError
+
+
+@dataclasses.dataclass
+class AppConfig:
+    """What the server offers and how much it accepts (``kinegen app --help`` sets these).
+
+    Attributes:
+        models: text-to-video/image models offered on the Generate and Profile tabs (registry names
+            or local folders); the first is the default.
+        gan_models: class-conditional GANs offered on the GAN tab.
+        output_dir: every output (videos, grids, heatmaps, reports) and ``history.jsonl`` go here; the
+            server serves files from this folder only.
+        concurrency: runs executing at once on the device (generate, GAN and profile together).
+        max_queue: runs that may wait; later ones are turned away with a message.
+        rate_limit: runs per user per minute (0 = unlimited); users are told apart by login name, else
+            by client address.
+        auth: ``[(user, password), ...]`` to require a login (None = open).
+    """
+
+    models: list[str] = dataclasses.field(default_factory=lambda: ["kinegen-shapes-t2v"])
+    gan_models: list[str] = dataclasses.field(default_factory=lambda: ["kinegen-shapes-gan"])
+    output_dir: Path = Path("kinegen-app-outputs")
+    concurrency: int = 1
+    max_queue: int = 16
+    rate_limit: int = 0
+    auth: list[tuple[str, str]] | None = None
+    max_side: int = 512
+    max_frames: int = 81
+    max_steps: int = 100
+    max_prompt_chars: int = 500
+    max_gan_images: int = 64
+    max_profile_prompts: int = 4
+    max_profile_configs: int = 6
+    max_profile_repeats: int = 3
+    history_size: int = 50
+    preview_every: int = 0  # 0 = about five previews per run
+
+    def __post_init__(self):
+        self.output_dir = Path(self.output_dir)
+        if self.concurrency < 1 or self.max_queue < 1:
+            raise ConfigError("concurrency and max_queue must be at least 1.")
+        if self.rate_limit < 0:
+            raise ConfigError("rate_limit must be 0 (off) or a positive number of runs per minute.")
+        if not self.models and not self.gan_models:
+            raise ConfigError("Offer at least one model (models or gan_models).")
+
+
+class RateLimiter:
+    """At most ``per_minute`` runs per user in any sliding 60 s window (0 = unlimited)."""
+
+    def __init__(self, per_minute: int, clock=time.monotonic):
+        self.per_minute, self.clock = per_minute, clock
+        self._runs: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+        self._lock = threading.Lock()
+
+    def check(self, user: str) -> None:
+        if self.per_minute <= 0:
+            return
+        now = self.clock()
+        with self._lock:
+            runs = self._runs[user]
+            while runs and now - runs[0] >= 60:
+                runs.popleft()
+            if len(runs) >= self.per_minute:
+                wait = 60 - (now - runs[0])
+                raise InvalidRequestError(f"Rate limit: {self.per_minute} runs per minute per user on this "
+                                          f"server; try again in {wait:.0f} s.")
+            runs.append(now)
+
+
+def _slug(text: str, n: int = 40) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:n] or "output"
+
+
+class Service:
+    """Loads each model once, runs requests against it one at a time, and keeps the history."""
+
+    def __init__(self, config: AppConfig):
+        self.config = config
+        self.output_dir = config.output_dir.resolve()
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.limiter = RateLimiter(config.rate_limit)
+        self._locks: dict[str, threading.Lock] = collections.defaultdict(threading.Lock)
+        self._load_lock = threading.Lock()
+        self._history_lock = threading.Lock()
+        self.history: collections.deque = collections.deque(maxlen=config.history_size)
+        self._read_history()
+
+    # ------------------------------------------------------------------ models
+
+    def pipeline(self, model: str, kind: str = "text"):
+        """The loaded pipeline for an offered model (loaded on first use, then reused)."""
+        offered = self.config.models if kind == "text" else self.config.gan_models
+        if model not in offered:
+            raise InvalidRequestError(f"Model {model!r} is not offered by this server; choose one of: "
+                                      f"{', '.join(offered)}.")
+        from ..loading import load_pipeline
+
+        with self._load_lock:  # two first requests must not load the same model twice
+            pipe = load_pipeline(model, cache=True)
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
+
+    def model_defaults(self, model: str) -> dict[str, Any]:
+        from ..loading import resolve_model
+
+        spec = resolve_model(model).spec
+        if spec is None:
+            return {}
+        return {"height": spec.height, "width": spec.width, "frames": spec.frames or 1, "steps": spec.steps,
+                "guidance": spec.guidance, "kind": spec.kind}
+
+    def class_names(self, model: str) -> list[str]:
+        return list(self.pipeline(model, "gan").class_names)
+
+    # ------------------------------------------------------------------ validation
+
+    def check_request(self, request) -> None:
+        """The server's own bounds, on top of what the model accepts."""
+        from ..generation import check_request_basics
+
+        c = self.config
+        check_request_basics(request)
+        if len(request.prompt) > c.max_prompt_chars:
+            raise InvalidRequestError(f"The prompt has {len(request.prompt)} characters; this server accepts up "
+                                      f"to {c.max_prompt_chars}.")
+        for name in ("height", "width"):
+            v = getattr(request, name)
+            if v is not None and v > c.max_side:
+                raise InvalidRequestError(f"{name} {v} is above this server's limit of {c.max_side} pixels.")
+        if request.frames is not None and request.frames > c.max_frames:
+            raise InvalidRequestError(f"{request.frames} frames is above this server's limit of {c.max_frames}.")
+        if request.steps is not None and request.steps > c.max_steps:
+            raise InvalidRequestError(f"{request.steps} steps is above this server's limit of {c.max_steps}.")
+
+    @staticmethod
+    def accelerator_specs(cache: str | None, cache_options: str = "", attention: str | None = None,
+                          attention_options: str = "") -> list[str]:
+        """``("mapguided", "speedup=3")`` -> ``["mapguided:speedup=3"]``, each checked against the registry."""
+        from ..accelerate import get_accelerator, parse_spec
+
+        specs = []
+        for name, opts, kind in ((cache, cache_options, "cache"), (attention, attention_options, "attention")):
+            if not name or name == "none":
+                continue
+            acc = get_accelerator(name)
+            if acc.kind != kind:
+                raise ConfigError(f"{name} is a {acc.kind} accelerator, not a {kind} one.")
+            opts = (opts or "").strip().replace(" ", "")
+            spec = f"{name}:{opts}" if opts else name
+            parse_spec(spec)
+            specs.append(spec)
+        return specs
+
+    # ------------------------------------------------------------------ runs
+
+    def generate(self, model: str, request, accelerators=(), *, compare: bool = False, user: str = "anonymous",
+                 step_callback=None) -> dict[str, Any]:
+        """One generation (and, with ``compare``, the dense run of the same request).
+
+        Returns the output paths, timings, accelerator stats and (compare) speedup and PSNR against dense.
+        """
+        from ..generation import generate, resolve_request
+        from ..profiling import metrics
+
+        self.check_request(request)
+        accelerators = list(accelerators)
+        pipe = self.pipeline(model)
+        request = resolve_request(pipe, request)
+        self.check_request(request)  # the model's defaults filled in, bounds again
+        self.limiter.check(user)
+        with self._locks[model]:
+            result = generate(pipe, request, accelerators=accelerators, step_callback=step_callback)
+            dense = generate(pipe, request) if compare and accelerators else None
+        stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(request.prompt)}-seed{request.seed}"
+        ext = ".mp4" if result.kind == "video" else ".png"
+        out: dict[str, Any] = {"output": str(result.save(self.output_dir / f"{stem}{ext}")),
+                               "kind": result.kind, "request": request.to_dict(), "model": model,
+                               "accelerators": accelerators, "timings": result.timings,
+                               "stats": result.accelerators}
+        if dense is not None:
+            out["dense_output"] = str(dense.save(self.output_dir / f"{stem}-dense{ext}"))
+            out["dense_timings"] = dense.timings
+            out["speedup"] = dense.timings["total"] / max(result.timings["total"], 1e-9)
+            out["transformer_speedup"] = dense.timings["transformer"] / max(result.timings["transformer"], 1e-9)
+            out["psnr_db"] = metrics.psnr(dense.frames, result.frames)
+        for st in result.accelerators:
+            if st.get("map") and st.get("plan"):
+                from ..caching.tvmap import save_heatmap
+
+                out["heatmap"] = save_heatmap(self.output_dir / f"{stem}-plan.png", st["map"], st["plan"],
+                                              st.get("groups"), f"{st['name']}: requested "
+                                              f"{st.get('requested_speedup', '?')}x, map {st.get('map_source')}")
+            if st.get("block_pattern") is not None:
+                out["block_pattern"] = save_block_pattern(self.output_dir / f"{stem}-blocks.png",
+                                                          st["block_pattern"], st.get("density"))
+        self._remember({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "type": "generate", "user": user,
+                        "model": model, "request": out["request"], "accelerators": accelerators,
+                        "output": out["output"], "total_s": result.timings["total"]})
+        return out
+
+    def generate_gan(self, model: str, classes, num_images: int, seed: int, truncation: float,
+                     user: str = "anonymous") -> dict[str, Any]:
+        from ..generation import generate_class_images
+
+        if not 1 <= int(num_images) <= self.config.max_gan_images:
+            raise InvalidRequestError(f"Images per grid: 1 to {self.config.max_gan_images}; got {num_images}.")
+        pipe = self.pipeline(model, "gan")
+        self.limiter.check(user)
+        with self._locks[model]:
+            res = generate_class_images(pipe, list(classes) or None, num_images=int(num_images), seed=int(seed),
+                                        truncation=float(truncation))
+        name = "-".join(dict.fromkeys(_slug(c, 16) for c in res.class_names))[:60]
+        path = res.save(self.output_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-gan-{name}-seed{seed}.png")
+        self._remember({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "type": "gan", "user": user, "model": model,
+                        "request": {"prompt": ", ".join(dict.fromkeys(res.class_names)), "seed": int(seed),
+                                    "num_images": int(num_images), "truncation": float(truncation)},
+                        "accelerators": [], "output": str(path), "total_s": res.timings["total"]})
+        return {"output": str(path), "timings": res.timings, "classes": res.class_names}
+
+    def profile(self, model: str, prompts: list[str], configs: list[str], *, seeds: int = 1, repeats: int = 1,
+                steps: int | None = None, user: str = "anonymous", progress=None) -> dict[str, Any]:
+        from ..generation import GenerationRequest
+        from ..profiling.report import markdown_table
+        from ..profiling.runner import parse_config, profile
+
+        c = self.config
+        prompts = [p.strip() for p in prompts if p.strip()]
+        configs = [x.strip() for x in configs if x.strip()]
+        if not prompts or not configs:
+            raise InvalidRequestError("Give at least one prompt and one configuration (one per line).")
+        if len(prompts) > c.max_profile_prompts or len(configs) > c.max_profile_configs:
+            raise InvalidRequestError(f"This server profiles up to {c.max_profile_prompts} prompts and "
+                                      f"{c.max_profile_configs} configurations at a time.")
+        if not 1 <= repeats <= c.max_profile_repeats or not 1 <= seeds <= 2:
+            raise InvalidRequestError(f"repeats: 1 to {c.max_profile_repeats}; seeds: 1 or 2.")
+        for p in prompts:
+            self.check_request(GenerationRequest(prompt=p, steps=steps))
+        parsed = [parse_config(x) for x in configs]
+        pipe = self.pipeline(model)
+        self.limiter.check(user)
+        out_dir = self.output_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-profile"
+        fields = {"steps": steps} if steps else {}
+        with self._locks[model]:
+            report = profile(pipe, prompts, parsed, seeds=seeds, repeats=repeats, warmup=1, output_dir=out_dir,
+                             progress=progress, **fields)
+        archive = shutil.make_archive(str(out_dir), "zip", root_dir=out_dir)
+        plots = sorted(str(p) for p in out_dir.glob("*.png"))
+        self._remember({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "type": "profile", "user": user,
+                        "model": model, "request": {"prompt": " | ".join(prompts), "seed": 0},
+                        "accelerators": configs, "output": archive, "total_s": None})
+        return {"table": markdown_table(report), "plots": plots, "archive": archive, "dir": str(out_dir),
+                "runs": report.runs}
+
+    # ------------------------------------------------------------------ history
+
+    def _read_history(self) -> None:
+        path = self.output_dir / "history.jsonl"
+        if not path.is_file():
+            return
+        for line in path.read_text().splitlines()[-self.config.history_size:]:
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a crash: skip it, keep the rest
+            if Path(entry.get("output", "")).exists():
+                self.history.append(entry)
+
+    def _remember(self, entry: dict[str, Any]) -> None:
+        with self._history_lock:
+            self.history.append(entry)
+            with open(self.output_dir / "history.jsonl", "a") as f:
+                f.write(json.dumps(entry, default=str) + "\n")
+
+    def history_rows(self) -> list[list[Any]]:
+        """Newest first: [time, type, model, prompt, seed, accelerators, seconds, output name]."""
+        rows = []
+        for e in reversed(self.history):
+            r = e["request"]
+            total = e.get("total_s")
+            rows.append([e["time"], e["type"], e["model"], r.get("prompt", ""), r.get("seed", 0),
+                         " + ".join(e.get("accelerators") or []) or "dense",
+                         None if total is None else round(total, 2), Path(e["output"]).name])
+        return rows
+
+    def history_entry(self, index: int) -> dict[str, Any]:
+        entries = list(reversed(self.history))
+        if not 0 <= index < len(entries):
+            raise InvalidRequestError("That history row no longer exists; refresh the history.")
+        return entries[index]
+
+    def is_served(self, path: str | Path) -> bool:
+        """Only files inside the output folder are handed to the browser."""
+        try:
+            Path(path).resolve().relative_to(self.output_dir)
+            return True
+        except ValueError:
+            return False
+
+
+def save_block_pattern(path: Path, pattern, density: float | None = None) -> str:
+    """A sparse-attention accelerator's kept (query block, key block) pairs as a PNG (kept = dark)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..media import atomic_path
+
+    pattern = np.asarray(pattern, dtype=np.float32)
+    if pattern.ndim == 3:  # [heads, q, k]: show the mean over heads
+        pattern = pattern.mean(0)
+    fig, ax = plt.subplots(figsize=(4, 4), dpi=100)
+    ax.imshow(pattern, cmap="Greys", vmin=0, vmax=1, interpolation="nearest")
+    ax.set_xlabel("key block")
+    ax.set_ylabel("query block")
+    ax.set_title("kept blocks" + (f" (density {density:.2f})" if density is not None else ""))
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)
+    return str(path)
