@@ -414,6 +414,9 @@ def preview_frame(pipe, latents) -> np.ndarray | None:
 def launch_app(config: AppConfig, *, host: str = "127.0.0.1", port: int | None = None,
                prevent_thread_lock: bool = False, **launch_kwargs):
     """Build the app, enable Gradio's queue with the configured limits, and launch it."""
+    import os
+
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home from a private server
     app = build_app(config)
     app.queue(max_size=config.max_queue, default_concurrency_limit=config.concurrency)
     app.launch(server_name=host, server_port=port, auth=config.auth, allowed_paths=[str(config.output_dir.resolve())],

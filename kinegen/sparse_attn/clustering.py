@@ -1,0 +1,269 @@
+"""Clustering of query or key vectors for clustered sparse attention (HyperVAttention, Sec. 3.1-3.2).
+
+Tokens live on their latent grid ``(F, H, W)`` in raster order. HVA's two clustering ideas:
+
+* **3D local-window clustering.** The grid is cut into windows of ``window = (wf, wh, ww)`` tokens;
+  each window starts with ``per_window`` centroids (the means of equal slices of its tokens), so the
+  centroids begin on a regular 3D grid. A token's assignment searches only the centroids of its own
+  and the neighbouring windows (3x3x3 windows, at most ``27 * per_window`` candidates), instead of all
+  ``K`` centroids as global k-means does: ``N * 27c`` distance evaluations per iteration against
+  ``N * K``. Then each centroid becomes the mean of its tokens (Lloyd's update); an empty cluster keeps
+  its centroid.
+* **Hybrid clustering.** Full clustering (``iters`` Lloyd iterations from the grid start) runs only at
+  anchor steps. Between anchors, the cached centroids and labels are reused and only the tokens whose
+  last assignment was least certain (smallest margin between the best and second-best candidate) are
+  re-assigned, then the centroids are updated once from all tokens.
+
+This module is the torch reference; :mod:`kinegen.sparse_attn.kernels` holds the Triton kernel of the
+assignment and update, tested against it. Shapes: ``x`` is ``[B, H, N, D]`` (one clustering per batch
+element and head), labels ``[B, H, N]`` int64, centroids ``[B, H, K, D]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import torch
+
+# ---------------------------------------------------------------------------- window geometry
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowGrid:
+    """The windows of a token grid and, per window, its neighbouring windows (itself included).
+
+    Attributes:
+        grid: ``(F, H, W)`` tokens.
+        window: ``(wf, wh, ww)`` tokens per window (border windows may be smaller).
+        counts: windows along each axis.
+        window_of_token: ``[N]`` window index of each raster-order token.
+        order: ``[num_windows, max_tokens]`` token indices of each window, ``-1`` for padding.
+        neighbours: ``[num_windows, 27]`` neighbouring window indices, ``-1`` outside the grid.
+    """
+
+    grid: tuple[int, int, int]
+    window: tuple[int, int, int]
+    counts: tuple[int, int, int]
+    window_of_token: torch.Tensor
+    order: torch.Tensor
+    neighbours: torch.Tensor
+
+    @property
+    def num_windows(self) -> int:
+        return self.counts[0] * self.counts[1] * self.counts[2]
+
+
+@functools.lru_cache(maxsize=64)
+def window_grid(grid: tuple[int, int, int], window: tuple[int, int, int]) -> WindowGrid:
+    """Windows of ``window`` tokens over ``grid`` (cached: grids repeat every step and layer)."""
+    F, H, W = grid
+    wf, wh, ww = (min(w, g) for w, g in zip(window, grid, strict=True))
+    counts = (math.ceil(F / wf), math.ceil(H / wh), math.ceil(W / ww))
+    f, h, w = torch.meshgrid(torch.arange(F), torch.arange(H), torch.arange(W), indexing="ij")
+    wid = ((f // wf) * counts[1] + h // wh) * counts[2] + w // ww
+    wid = wid.reshape(-1)
+    n_win = counts[0] * counts[1] * counts[2]
+    sizes = torch.bincount(wid, minlength=n_win)
+    max_tokens = int(sizes.max())
+    sorted_wid, token = torch.sort(wid, stable=True)
+    start = torch.cumsum(sizes, 0) - sizes
+    slot = torch.arange(len(wid)) - start[sorted_wid]
+    order = torch.full((n_win, max_tokens), -1, dtype=torch.long)
+    order[sorted_wid, slot] = token
+    cf, ch, cw = torch.meshgrid(torch.arange(counts[0]), torch.arange(counts[1]), torch.arange(counts[2]),
+                                indexing="ij")
+    offsets = torch.tensor([(a, b, c) for a in (-1, 0, 1) for b in (-1, 0, 1) for c in (-1, 0, 1)])
+    nf = cf.reshape(-1, 1) + offsets[:, 0]
+    nh = ch.reshape(-1, 1) + offsets[:, 1]
+    nw = cw.reshape(-1, 1) + offsets[:, 2]
+    inside = (nf >= 0) & (nf < counts[0]) & (nh >= 0) & (nh < counts[1]) & (nw >= 0) & (nw < counts[2])
+    neighbours = torch.where(inside, (nf * counts[1] + nh) * counts[2] + nw, -1)
+    return WindowGrid((F, H, W), (wf, wh, ww), counts, wid, order, neighbours)
+
+
+def candidate_centroids(wg: WindowGrid, per_window: int) -> torch.Tensor:
+    """``[num_windows, 27 * per_window]`` centroid indices each window's tokens compare with (-1: none)."""
+    nb = wg.neighbours.unsqueeze(-1)
+    cand = nb * per_window + torch.arange(per_window)
+    return torch.where(nb >= 0, cand, -1).reshape(wg.num_windows, -1)
+
+
+# ---------------------------------------------------------------------------- assignment and update
+
+
+@dataclasses.dataclass
+class Assignment:
+    """Labels ``[B, H, N]``, the margin to the second-best candidate ``[B, H, N]`` and evaluations done."""
+
+    labels: torch.Tensor
+    margin: torch.Tensor
+    distance_evals: int
+
+
+def assign_local(x: torch.Tensor, centroids: torch.Tensor, wg: WindowGrid, per_window: int,
+                 tokens: torch.Tensor | None = None) -> Assignment:
+    """Nearest candidate centroid of each token (squared Euclidean distance), searched in 3x3x3 windows.
+
+    Args:
+        x: ``[B, H, N, D]``; centroids: ``[B, H, K, D]`` with ``K = num_windows * per_window``.
+        tokens: assign only these token indices (``[M]``, for hybrid steps); labels of the others are
+            returned as -1 and their margins as +inf.
+
+    All tokens of a window share their candidates, so the full assignment is one small matrix product
+    per window (``||x||^2 - 2 x.c + ||c||^2``); a subset gathers each token's candidates instead.
+    """
+    B, Hh, N, D = x.shape
+    cand = candidate_centroids(wg, per_window).to(x.device)  # [nW, C]
+    labels = torch.full((B, Hh, N), -1, dtype=torch.long, device=x.device)
+    margin = torch.full((B, Hh, N), float("inf"), dtype=x.dtype, device=x.device)
+    xf, cf = x.float(), centroids.float()
+    if tokens is None:
+        order = wg.order.to(x.device)  # [nW, T]
+        xw = xf[:, :, order.clamp(min=0)]  # [B, H, nW, T, D]
+        cw = cf[:, :, cand.clamp(min=0)]  # [B, H, nW, C, D]
+        d2 = (xw.square().sum(-1, keepdim=True) - 2 * xw @ cw.transpose(-1, -2)
+              + cw.square().sum(-1).unsqueeze(-2))  # [B, H, nW, T, C]
+        d2 = d2.masked_fill((cand < 0)[:, None, :], float("inf"))
+        lab, mar = _best_two(d2, cand[:, None, :].expand(-1, order.shape[1], -1))
+        keep = order >= 0
+        labels[:, :, order[keep]] = lab[:, :, keep]
+        margin[:, :, order[keep]] = mar[:, :, keep].to(x.dtype)
+        evals = int(((cand >= 0).sum(1) * keep.sum(1)).sum())
+    else:
+        tok_cand = cand[wg.window_of_token.to(x.device)[tokens]]  # [M, C]
+        c = cf[:, :, tok_cand.clamp(min=0)]  # [B, H, M, C, D]
+        d2 = (c - xf[:, :, tokens].unsqueeze(-2)).square().sum(-1)  # [B, H, M, C]
+        d2 = d2.masked_fill(tok_cand < 0, float("inf"))
+        lab, mar = _best_two(d2, tok_cand)
+        labels[:, :, tokens] = lab
+        margin[:, :, tokens] = mar.to(x.dtype)
+        evals = int((tok_cand >= 0).sum())
+    return Assignment(labels, margin, evals * B * Hh)
+
+
+def _best_two(d2: torch.Tensor, cand: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Label (from ``cand``, broadcast over batch and heads) and margin (second-best minus best distance)."""
+    if d2.shape[-1] == 1:
+        idx = torch.zeros_like(d2[..., 0], dtype=torch.long)
+        margin = torch.full_like(d2[..., 0], float("inf"))
+    else:
+        two = d2.topk(2, dim=-1, largest=False)
+        idx, margin = two.indices[..., 0], two.values[..., 1] - two.values[..., 0]
+    labels = torch.gather(cand.expand(*d2.shape[:-1], -1), -1, idx.unsqueeze(-1)).squeeze(-1)
+    return labels, margin
+
+
+def update_centroids(x: torch.Tensor, labels: torch.Tensor,
+                     centroids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lloyd's update: each centroid becomes the mean of its tokens; empty clusters keep their centroid.
+
+    Returns ``(centroids, sizes)`` with sizes ``[B, H, K]``.
+    """
+    B, Hh, N, D = x.shape
+    K = centroids.shape[2]
+    sums = torch.zeros(B, Hh, K, D, dtype=torch.float32, device=x.device)
+    sums.scatter_add_(2, labels.unsqueeze(-1).expand(-1, -1, -1, D), x.float())
+    sizes = torch.zeros(B, Hh, K, dtype=torch.float32, device=x.device)
+    sizes.scatter_add_(2, labels, torch.ones_like(labels, dtype=torch.float32))
+    new = torch.where(sizes.unsqueeze(-1) > 0, sums / sizes.clamp(min=1).unsqueeze(-1), centroids.float())
+    return new.to(x.dtype), sizes
+
+
+def grid_init(x: torch.Tensor, wg: WindowGrid, per_window: int) -> torch.Tensor:
+    """Centroids on the regular 3D grid: window ``w``'s ``per_window`` centroids are the means of equal,
+    consecutive slices of its tokens (raster order within the window). ``[B, H, num_windows * per_window, D]``."""
+    B, Hh, N, D = x.shape
+    order = wg.order.to(x.device)  # [nW, T]
+    T = order.shape[1]
+    slot = torch.arange(T, device=x.device)
+    n_valid = (order >= 0).sum(1, keepdim=True)  # [nW, 1]
+    part = (slot.unsqueeze(0) * per_window // n_valid.clamp(min=1)).clamp(max=per_window - 1)  # [nW, T]
+    label = (torch.arange(order.shape[0], device=x.device).unsqueeze(1) * per_window + part)
+    labels = torch.zeros(N, dtype=torch.long, device=x.device)
+    labels[order[order >= 0]] = label[order >= 0]
+    empty = torch.zeros(B, Hh, wg.num_windows * per_window, D, dtype=x.dtype, device=x.device)
+    centroids, _ = update_centroids(x, labels.expand(B, Hh, N), empty)
+    return centroids
+
+
+# ---------------------------------------------------------------------------- clustering with state
+
+
+@dataclasses.dataclass
+class ClusterState:
+    """What hybrid steps reuse: centroids ``[B, H, K, D]``, labels and margins ``[B, H, N]``, sizes."""
+
+    centroids: torch.Tensor
+    labels: torch.Tensor
+    margin: torch.Tensor
+    sizes: torch.Tensor
+
+
+def local_kmeans(x: torch.Tensor, grid: tuple[int, int, int], window: tuple[int, int, int], per_window: int = 1,
+                 iters: int = 3, assign_fn=None) -> tuple[ClusterState, int]:
+    """Full 3D local-window clustering (an anchor step): grid start, then ``iters`` Lloyd iterations.
+
+    ``assign_fn`` replaces :func:`assign_local` (the Triton kernel has the same signature).
+    Returns the state and the number of distance evaluations.
+    """
+    assign_fn = assign_fn or assign_local
+    wg = window_grid(tuple(grid), tuple(window))
+    if wg.grid[0] * wg.grid[1] * wg.grid[2] != x.shape[2]:
+        raise ValueError(f"grid {grid} has {math.prod(grid)} tokens but x has {x.shape[2]}.")
+    centroids = grid_init(x, wg, per_window)
+    evals = 0
+    a = None
+    for _ in range(max(1, iters)):
+        a = assign_fn(x, centroids, wg, per_window)
+        evals += a.distance_evals
+        centroids, sizes = update_centroids(x, a.labels, centroids)
+    return ClusterState(centroids, a.labels, a.margin, sizes), evals
+
+
+def refine(x: torch.Tensor, state: ClusterState, grid, window, per_window: int, fraction: float,
+           assign_fn=None) -> tuple[ClusterState, int]:
+    """A hybrid (non-anchor) step: re-assign the ``fraction`` of tokens with the smallest margin at their
+    last assignment (per batch element and head: the union over heads is used, so the subset is shared),
+    keep the other labels, and update the centroids once from all tokens."""
+    assign_fn = assign_fn or assign_local
+    wg = window_grid(tuple(grid), tuple(window))
+    B, Hh, N, _ = x.shape
+    m = max(1, int(round(fraction * N)))
+    # One shared subset keeps the kernel's gather regular: the tokens least certain on average over heads.
+    tokens = state.margin.float().mean(dim=(0, 1)).topk(m, largest=False).indices.sort().values
+    a = assign_fn(x, state.centroids, wg, per_window, tokens)
+    labels = state.labels.clone()
+    margin = state.margin.clone()
+    labels[:, :, tokens] = a.labels[:, :, tokens]
+    margin[:, :, tokens] = a.margin[:, :, tokens]
+    centroids, sizes = update_centroids(x, labels, state.centroids)
+    return ClusterState(centroids, labels, margin, sizes), a.distance_evals
+
+
+# ---------------------------------------------------------------------------- global k-means (SVG2 baseline)
+
+
+def global_kmeans(x: torch.Tensor, k: int, iters: int, init: torch.Tensor | None = None,
+                  generator: torch.Generator | None = None) -> tuple[ClusterState, int]:
+    """Plain k-means over all tokens (SVG2's clustering): every token against every centroid.
+
+    Starts from ``init`` (warm start) or from ``k`` distinct random tokens per (batch, head).
+    """
+    B, Hh, N, D = x.shape
+    k = min(k, N)
+    if init is None:
+        idx = torch.stack([torch.randperm(N, generator=generator)[:k] for _ in range(B * Hh)]).view(B, Hh, k)
+        centroids = torch.gather(x, 2, idx.to(x.device).unsqueeze(-1).expand(-1, -1, -1, D))
+    else:
+        centroids = init
+    evals = 0
+    for _ in range(max(1, iters)):
+        d2 = torch.cdist(x.float(), centroids.float()).square()  # [B, H, N, K]
+        two = d2.topk(min(2, k), dim=-1, largest=False)
+        labels = two.indices[..., 0]
+        margin = (two.values[..., 1] - two.values[..., 0]) if k > 1 else torch.zeros_like(two.values[..., 0])
+        evals += B * Hh * N * k
+        centroids, sizes = update_centroids(x, labels, centroids)
+    return ClusterState(centroids, labels, margin.to(x.dtype), sizes), evals

@@ -1,0 +1,298 @@
+"""HyperVAttention (HVA) and the SVG2-style baseline as standalone, stateful attention modules.
+
+    attn = HVAttention(HVAConfig(density=0.25))
+    out = attn(q, k, v, grid=(F, H, W))      # q, k, v: [batch, heads, tokens, head_dim], raster order
+    attn.last_stats                          # density, tile_efficiency, clustering_s, distance_evals, ...
+
+One call = one attention layer at one denoising step. The module keeps the clustering state between
+calls (per batch element and head; one module per layer and guidance branch in a pipeline), so the
+hybrid schedule works: full 3D local-window clustering at anchor calls, a partial re-assignment
+between them (:mod:`kinegen.sparse_attn.clustering`). Then clusters are merged into fuller tiles,
+(query cluster, key cluster) pairs are selected, tokens are permuted by cluster and the attention runs
+block-sparse (:mod:`kinegen.sparse_attn.blocks`, :mod:`kinegen.sparse_attn.block_sparse`).
+
+``KMeansSparseAttention`` is the SVG2-style baseline with the same call: global k-means on queries and
+keys (warm-started after the first call), no merging, centroid top-p (or the same density budget), the
+same permutation and execution, so that the two are compared on equal terms.
+
+Extra tokens that are not on the grid (text tokens in joint attention) are passed as
+``text_tokens=n`` with ``text_position="end"`` (HunyuanVideo) or ``"start"`` (CogVideoX): they are one
+extra key cluster every query attends to, and their own queries attend to every key (SVG2's treatment).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+import torch
+
+from . import blocks as B
+from .clustering import ClusterState, global_kmeans, local_kmeans, refine, update_centroids
+
+
+@dataclasses.dataclass
+class HVAConfig:
+    """HyperVAttention settings (our defaults; the paper's are not public, see docs/sparse_attention.md).
+
+    Attributes:
+        density: executed work as a share of dense (padding included); ``None`` to use ``top_p`` only.
+        top_p: keep key clusters per query cluster until this share of expected mass (with or instead of
+            ``density``).
+        min_keys: key clusters every query cluster keeps, whatever the budget.
+        q_window / k_window: 3D window ``(frames, rows, cols)`` of the query / key clustering (one window
+            holds ``per_window`` centroids at the start).
+        per_window: centroids per window.
+        iters: Lloyd iterations at anchor calls.
+        anchor_every: full clustering every this many calls (the first call is always an anchor).
+        reassign: share of tokens re-assigned at calls between anchors.
+        tile: tile rows (64 or 128 on GPUs; 64 default).
+        merge: hardware-aware merging of clusters into fuller tiles; ``merge_tau`` bounds how much
+            within-cluster error a merge may add (in units of the clustering's mean squared error).
+        backend: block-sparse execution: ``auto`` (Triton on CUDA, FlexAttention on CPU), ``flex``,
+            ``triton`` or ``dense`` (masked reference).
+        kernel: clustering kernel: ``auto`` (Triton on CUDA, torch elsewhere), ``torch`` or ``triton``.
+    """
+
+    density: float | None = 0.25
+    top_p: float | None = None
+    min_keys: int = 1
+    q_window: tuple[int, int, int] = (2, 4, 8)
+    k_window: tuple[int, int, int] = (1, 4, 4)
+    per_window: int = 1
+    iters: int = 3
+    anchor_every: int = 5
+    reassign: float = 0.25
+    tile: int = 64
+    merge: bool = True
+    merge_tau: float = 1.0
+    merge_rounds: int = 8
+    backend: str = "auto"
+    kernel: str = "auto"
+
+    def __post_init__(self):
+        _check_budget(self.density, self.top_p, self.min_keys)
+        for name in ("q_window", "k_window"):
+            w = tuple(int(x) for x in getattr(self, name))
+            if len(w) != 3 or min(w) < 1:
+                raise ValueError(f"{name} must be three positive integers (frames, rows, cols); got {w}")
+            setattr(self, name, w)
+        if self.per_window < 1 or self.iters < 1 or self.anchor_every < 1 or self.tile < 1:
+            raise ValueError("per_window, iters, anchor_every and tile must be at least 1")
+        if not 0 < self.reassign <= 1:
+            raise ValueError(f"reassign must be in (0, 1]; got {self.reassign}")
+        if self.kernel not in ("auto", "torch", "triton"):
+            raise ValueError(f"kernel must be auto, torch or triton; got {self.kernel!r}")
+
+
+@dataclasses.dataclass
+class KMeansSparseConfig:
+    """SVG2-style baseline: global k-means with ``q_clusters`` / ``k_clusters`` centroids per head,
+    ``iters`` Lloyd iterations on the first call and ``warm_iters`` warm-started ones after."""
+
+    density: float | None = None
+    top_p: float | None = 0.9
+    min_keys: int = 1
+    q_clusters: int = 64
+    k_clusters: int = 256
+    iters: int = 10
+    warm_iters: int = 2
+    tile: int = 64
+    backend: str = "auto"
+    seed: int = 0
+
+    def __post_init__(self):
+        _check_budget(self.density, self.top_p, self.min_keys)
+        if min(self.q_clusters, self.k_clusters, self.iters, self.warm_iters, self.tile) < 1:
+            raise ValueError("cluster counts, iterations and tile must be at least 1")
+
+
+def _check_budget(density, top_p, min_keys):
+    if density is None and top_p is None:
+        raise ValueError("set density (share of dense work) or top_p (expected attention mass), or both")
+    if density is not None and not 0 < density <= 1:
+        raise ValueError(f"density must be in (0, 1]; got {density}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1]; got {top_p}")
+    if min_keys < 1:
+        raise ValueError(f"min_keys must be at least 1; got {min_keys}")
+
+
+def _sync(x: torch.Tensor) -> None:
+    if x.is_cuda:
+        torch.cuda.synchronize(x.device)
+
+
+class _ClusteredSparseAttention(torch.nn.Module):
+    """What both methods share: clusters -> (merge) -> selection -> permutation -> block-sparse -> unpermute."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.calls = 0
+        self.q_state: ClusterState | None = None
+        self.k_state: ClusterState | None = None
+        self.last_stats: dict[str, Any] = {}
+
+    def reset(self) -> None:
+        """Forget the clustering state (a new generation)."""
+        self.calls = 0
+        self.q_state = self.k_state = None
+
+    def _cluster(self, q, k, grid) -> tuple[ClusterState, ClusterState, dict[str, Any]]:
+        raise NotImplementedError
+
+    def _merge(self, x, state: ClusterState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Labels ``[G, N]``, centroids ``[G, K, D]`` and sizes ``[G, K]`` used for the layout."""
+        Bb, H, N, D = x.shape
+        return (state.labels.reshape(Bb * H, N), state.centroids.reshape(Bb * H, -1, D),
+                state.sizes.reshape(Bb * H, -1).long())
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: tuple[int, int, int], *,
+                scale: float | None = None, text_tokens: int = 0, text_position: str = "end") -> torch.Tensor:
+        from .block_sparse import block_sparse_attention, layout_from_tile_mask
+
+        if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
+            raise ValueError(f"q, k, v must all be [batch, heads, tokens, head_dim]; got {tuple(q.shape)}, "
+                             f"{tuple(k.shape)}, {tuple(v.shape)}")
+        n_video = math.prod(grid)
+        if q.shape[2] != n_video + text_tokens:
+            raise ValueError(f"grid {tuple(grid)} has {n_video} tokens (+ {text_tokens} text) but q has "
+                             f"{q.shape[2]}; video tokens must be in raster (frame, row, column) order.")
+        if text_position not in ("start", "end"):
+            raise ValueError(f"text_position must be 'start' or 'end'; got {text_position!r}")
+        cfg = self.config
+        Bb, H, N, D = q.shape
+        G = Bb * H
+        scale = D ** -0.5 if scale is None else scale
+        vid = slice(text_tokens, N) if text_position == "start" else slice(0, n_video)
+        qv, kv_ = q[:, :, vid], k[:, :, vid]
+        _sync(q)
+        t0 = time.perf_counter()
+        qs, ks, info = self._cluster(qv, kv_, tuple(grid))
+        self.q_state, self.k_state = qs, ks
+        lq, cq, nq = self._merge(qv, qs)
+        lk, ck, nk = self._merge(kv_, ks)
+        _sync(q)
+        clustering_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        P = B.cluster_scores(cq, nq, ck, nk, scale)
+        keep = B.select_blocks(P, nq, nk, cfg.tile, density=cfg.density, top_p=cfg.top_p, min_keys=cfg.min_keys)
+        stats = B.work_stats(keep, nq, nk, cfg.tile, n_video)
+        if text_tokens:  # one extra cluster on each side: text keys for every query, every key for text queries
+            lq, lk, keep, nq, nk = _add_text_cluster(lq, lk, keep, nq, nk, text_tokens, text_position, n_video)
+        Kq, Kk = keep.shape[1], keep.shape[2]
+        pq = B.permutation(lq, Kq, cfg.tile)
+        pk = B.permutation(lk, Kk, cfg.tile)
+        L = max(pq.length, pk.length)
+        if pq.length != L:
+            pq = B.permutation(lq, Kq, cfg.tile, L)
+        if pk.length != L:
+            pk = B.permutation(lk, Kk, cfg.tile, L)
+        mask = B.tile_mask(keep, pq, pk)
+        layout = layout_from_tile_mask(mask.view(Bb, H, L // cfg.tile, L // cfg.tile), cfg.tile,
+                                       (pk.slot_token >= 0).view(Bb, H, L))
+        qo = q if not text_tokens else torch.cat([q[:, :, vid], _text(q, vid, text_position)], 2)
+        ko = k if not text_tokens else torch.cat([k[:, :, vid], _text(k, vid, text_position)], 2)
+        vo = v if not text_tokens else torch.cat([v[:, :, vid], _text(v, vid, text_position)], 2)
+        qp = B.gather_slots(qo.reshape(G, N, D), pq.slot_token).view(Bb, H, L, D)
+        kp = B.gather_slots(ko.reshape(G, N, D), pk.slot_token).view(Bb, H, L, D)
+        vp = B.gather_slots(vo.reshape(G, N, D), pk.slot_token).view(Bb, H, L, D)
+        _sync(q)
+        layout_s = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        op = block_sparse_attention(qp, kp, vp, layout, backend=cfg.backend, scale=scale)
+        _sync(q)
+        attention_s = time.perf_counter() - t2
+        out = B.scatter_slots(op.reshape(G, L, D), pq.slot_token, N).view(Bb, H, N, D)
+        if text_tokens and text_position == "start":  # back from [video, text] to [text, video]
+            out = torch.cat([out[:, :, n_video:], out[:, :, :n_video]], 2)
+        self.calls += 1
+        self.last_stats = {**stats, **info, "clustering_s": clustering_s, "layout_s": layout_s,
+                           "attention_s": attention_s, "q_clusters": int((nq > 0).sum(-1).float().mean()),
+                           "k_clusters": int((nk > 0).sum(-1).float().mean()), "tile": cfg.tile,
+                           "block_pattern": mask[0].cpu(), "call": self.calls}
+        return out
+
+
+def _text(x, vid: slice, position: str) -> torch.Tensor:
+    return x[:, :, : vid.start] if position == "start" else x[:, :, vid.stop:]
+
+
+def _add_text_cluster(lq, lk, keep, nq, nk, n_text, position, n_video):
+    """Append the text tokens (placed after the video tokens) as cluster ``K`` on both sides."""
+    G, Kq, Kk = keep.shape
+    text_q = torch.full((G, n_text), Kq, dtype=lq.dtype, device=lq.device)
+    text_k = torch.full((G, n_text), Kk, dtype=lk.dtype, device=lk.device)
+    lq, lk = torch.cat([lq, text_q], 1), torch.cat([lk, text_k], 1)
+    keep = torch.nn.functional.pad(keep, (0, 1, 0, 1))
+    keep[:, :, Kk] = True  # every query attends to the text keys
+    keep[:, Kq, :] = True  # text queries attend to every key
+    nq = torch.cat([nq, torch.full((G, 1), n_text, dtype=nq.dtype, device=nq.device)], 1)
+    nk = torch.cat([nk, torch.full((G, 1), n_text, dtype=nk.dtype, device=nk.device)], 1)
+    keep &= (nq > 0).unsqueeze(-1) & (nk > 0).unsqueeze(1)
+    return lq, lk, keep, nq, nk
+
+
+class HVAttention(_ClusteredSparseAttention):
+    """HyperVAttention: 3D local-window clustering with a hybrid schedule, hardware-aware merging,
+    block selection, block-sparse execution. ``attn(q, k, v, grid=(F, H, W))``."""
+
+    def __init__(self, config: HVAConfig | None = None):
+        super().__init__(config or HVAConfig())
+
+    def _assign_fn(self, x):
+        kernel = self.config.kernel
+        if kernel == "triton" or (kernel == "auto" and x.is_cuda):
+            from .kernels import assign_local_triton
+
+            return assign_local_triton
+        return None
+
+    def _cluster(self, q, k, grid):
+        cfg = self.config
+        anchor = self.q_state is None or self.calls % cfg.anchor_every == 0
+        if self.q_state is not None and self.q_state.labels.shape != q.shape[:3]:
+            anchor = True  # a new size or batch: start over
+        fn = self._assign_fn(q)
+        if anchor:
+            qs, eq = local_kmeans(q, grid, cfg.q_window, cfg.per_window, cfg.iters, fn)
+            ks, ek = local_kmeans(k, grid, cfg.k_window, cfg.per_window, cfg.iters, fn)
+        else:
+            qs, eq = refine(q, self.q_state, grid, cfg.q_window, cfg.per_window, cfg.reassign, fn)
+            ks, ek = refine(k, self.k_state, grid, cfg.k_window, cfg.per_window, cfg.reassign, fn)
+        return qs, ks, {"anchor": anchor, "distance_evals": eq + ek}
+
+    def _merge(self, x, state):
+        labels, centroids, sizes = super()._merge(x, state)
+        if not self.config.merge:
+            return labels, centroids, sizes
+        G, N = labels.shape
+        D = x.shape[-1]
+        xf = x.reshape(G, N, D).float()
+        err = (xf - torch.gather(centroids.float(), 1, labels.unsqueeze(-1).expand(-1, -1, D))).square().sum(-1)
+        root = B.merge_clusters(centroids, sizes, self.config.tile, err.mean(-1), self.config.merge_tau,
+                                self.config.merge_rounds)
+        merged = torch.gather(root, 1, labels)
+        c, n = update_centroids(x.reshape(1, G, N, D), merged.unsqueeze(0), centroids.unsqueeze(0))
+        return merged, c[0], n[0].long()
+
+
+class KMeansSparseAttention(_ClusteredSparseAttention):
+    """SVG2-style baseline: global k-means on queries and keys, centroid top-p, the same execution."""
+
+    def __init__(self, config: KMeansSparseConfig | None = None):
+        super().__init__(config or KMeansSparseConfig())
+        self._gen = torch.Generator().manual_seed(self.config.seed)
+
+    def _cluster(self, q, k, grid):
+        cfg = self.config
+        warm = self.q_state is not None and self.q_state.labels.shape == q.shape[:3]
+        qs, eq = global_kmeans(q, cfg.q_clusters, cfg.warm_iters if warm else cfg.iters,
+                               self.q_state.centroids if warm else None, self._gen)
+        ks, ek = global_kmeans(k, cfg.k_clusters, cfg.warm_iters if warm else cfg.iters,
+                               self.k_state.centroids if warm else None, self._gen)
+        return qs, ks, {"anchor": not warm, "distance_evals": eq + ek}
+

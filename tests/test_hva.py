@@ -1,0 +1,249 @@
+"""HyperVAttention pieces on tiny grids: local-window clustering, hybrid steps, merging, selection, layout,
+and the whole module against dense attention (and the SVG2-style baseline beside it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kinegen.sparse_attn import blocks as B
+from kinegen.sparse_attn.clustering import (
+    assign_local,
+    candidate_centroids,
+    global_kmeans,
+    grid_init,
+    local_kmeans,
+    refine,
+    update_centroids,
+    window_grid,
+)
+from kinegen.sparse_attn.hva import HVAConfig, HVAttention, KMeansSparseAttention, KMeansSparseConfig
+
+GRID = (4, 8, 8)
+
+
+def _structured(n_heads=2, d=16, seed=0, grid=GRID):
+    """q, k with spatial structure (smooth over the grid, as video tokens are) plus noise."""
+    g = torch.Generator().manual_seed(seed)
+    F, H, W = grid
+    base = torch.randn(1, n_heads, F // 2 + 1, H // 2 + 1, W // 2 + 1, d, generator=g)
+    smooth = base.repeat_interleave(2, 2).repeat_interleave(2, 3).repeat_interleave(2, 4)[:, :, :F, :H, :W]
+    x = smooth.reshape(1, n_heads, F * H * W, d)
+    return (x * 2 + 0.3 * torch.randn(x.shape, generator=g)), (x * 2 + 0.3 * torch.randn(x.shape, generator=g))
+
+
+def _sse(x, state):
+    c = torch.gather(state.centroids, 2, state.labels.unsqueeze(-1).expand(-1, -1, -1, x.shape[-1]))
+    return float((x - c).square().sum())
+
+
+def test_windows_cover_the_grid_and_neighbours_are_3x3x3():
+    wg = window_grid((5, 6, 7), (2, 4, 4))
+    assert wg.counts == (3, 2, 2)
+    tokens = wg.order[wg.order >= 0]
+    assert sorted(tokens.tolist()) == list(range(5 * 6 * 7))  # every token in exactly one window
+    assert ((wg.neighbours >= 0).sum(1) <= 27).all() and (wg.neighbours[:, 13] == torch.arange(12)).all()
+    big = window_grid((6, 12, 12), (2, 4, 4))
+    assert int((big.neighbours >= 0).sum(1).max()) == 27  # an interior window sees 27 windows
+
+
+def test_local_assignment_is_the_nearest_candidate_and_costs_far_less_than_global():
+    q, _ = _structured()
+    wg = window_grid(GRID, (1, 2, 2))
+    c = grid_init(q, wg, 1)
+    a = assign_local(q, c, wg, 1)
+    cand = candidate_centroids(wg, 1)
+    for t in [0, 37, 100, 255]:
+        cs = cand[wg.window_of_token[t]]
+        cs = cs[cs >= 0]
+        d = (c[0, 1, cs] - q[0, 1, t]).square().sum(-1)
+        assert cs[d.argmin()] == a.labels[0, 1, t]
+    n, k = q.shape[2], c.shape[2]
+    assert a.distance_evals <= 27 * n * 2 and a.distance_evals * 2 < n * k * 2  # 64 windows, <= 27 candidates
+    sub = torch.tensor([1, 99, 200])
+    s = assign_local(q, c, wg, 1, sub)
+    assert torch.equal(s.labels[:, :, sub], a.labels[:, :, sub]) and (s.labels[:, :, 0] == -1).all()
+
+
+def test_lloyd_iterations_never_increase_the_error_and_grid_start_is_window_means():
+    q, _ = _structured()
+    wg = window_grid(GRID, (2, 4, 4))
+    c0 = grid_init(q, wg, 1)
+    torch.testing.assert_close(c0[0, 0, 0], q[0, 0, wg.order[0]].mean(0))
+    errs = [_sse(q, local_kmeans(q, GRID, (2, 4, 4), 2, iters)[0]) for iters in (1, 2, 4)]
+    assert errs[0] >= errs[1] - 1e-3 >= errs[2] - 2e-3
+
+
+def test_hybrid_step_reassigns_only_the_least_certain_tokens():
+    q, _ = _structured()
+    state, full_evals = local_kmeans(q, GRID, (2, 4, 4), 1, 3)
+    moved = q + 0.05 * torch.randn_like(q)
+    new, evals = refine(moved, state, GRID, (2, 4, 4), 1, 0.25)
+    changed = (new.labels != state.labels).any(dim=(0, 1))
+    least = state.margin.mean(dim=(0, 1)).topk(64, largest=False).indices
+    assert set(changed.nonzero().flatten().tolist()) <= set(least.tolist())
+    assert evals < full_evals / 3 / 3  # a quarter of the tokens, one pass instead of three
+
+
+def test_global_kmeans_baseline_runs_and_warm_starts():
+    q, _ = _structured()
+    s, e = global_kmeans(q, 16, 5, generator=torch.Generator().manual_seed(0))
+    assert e == 2 * 256 * 16 * 5 and s.sizes.sum() == 2 * 256
+    s2, _ = global_kmeans(q, 16, 1, init=s.centroids)
+    assert (s2.labels == s.labels).float().mean() > 0.9
+
+
+def test_triton_clustering_kernels_match_the_torch_reference_under_the_interpreter():
+    code = """
+import torch
+from kinegen.sparse_attn.clustering import window_grid, grid_init, assign_local, update_centroids
+from kinegen.sparse_attn.kernels import assign_local_triton, update_centroids_triton
+torch.manual_seed(0)
+x = torch.randn(1, 2, 4 * 6 * 8, 16)
+wg = window_grid((4, 6, 8), (2, 3, 4))
+c = grid_init(x, wg, 2) + 0.1 * torch.randn(1, 2, wg.num_windows * 2, 16)
+a, b = assign_local(x, c, wg, 2), assign_local_triton(x, c, wg, 2)
+assert torch.equal(a.labels, b.labels) and a.distance_evals == b.distance_evals
+assert (a.margin - b.margin).abs().max() < 1e-4
+sub = torch.tensor([0, 5, 17, 100, 191])
+assert torch.equal(assign_local(x, c, wg, 2, sub).labels, assign_local_triton(x, c, wg, 2, sub).labels)
+c1, n1 = update_centroids(x, a.labels, c)
+c2, n2 = update_centroids_triton(x, a.labels, c)
+assert (c1 - c2).abs().max() < 1e-5 and torch.equal(n1, n2)
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRITON_INTERPRET": "1"},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_merging_fills_tiles_conserves_tokens_and_respects_the_error_bound():
+    g = torch.Generator().manual_seed(0)
+    c = torch.randn(2, 24, 8, generator=g)
+    n = torch.randint(1, 40, (2, 24), generator=g)
+    root = B.merge_clusters(c, n, 16, mse=torch.full((2,), 1e3))
+    merged = torch.zeros_like(n).scatter_add_(1, root, n)
+    assert torch.equal(merged.sum(1), n.sum(1))
+    assert (B.num_tiles(merged, 16).sum(1) < B.num_tiles(n, 16).sum(1)).all()
+    assert torch.equal(B.merge_clusters(c, n, 16, mse=torch.zeros(2)), torch.arange(24).expand(2, 24))  # tau * 0
+    full = torch.full((1, 4), 16)  # whole tiles already: nothing to save
+    assert torch.equal(B.merge_clusters(torch.randn(1, 4, 8), full, 16, mse=torch.ones(1) * 1e3),
+                       torch.arange(4).expand(1, 4))
+
+
+def test_selection_by_top_p_and_by_density_budget():
+    g = torch.Generator().manual_seed(0)
+    cq, ck = torch.randn(1, 6, 8, generator=g), torch.randn(1, 10, 8, generator=g)
+    nq, nk = torch.full((1, 6), 32), torch.full((1, 10), 32)
+    P = B.cluster_scores(cq, nq, ck, nk, 8 ** -0.5)
+    torch.testing.assert_close(P.sum(-1), torch.ones(1, 6))
+    keep = B.select_blocks(P, nq, nk, 32, top_p=0.5, min_keys=2)
+    assert (keep.sum(-1) >= 2).all()
+    for i in range(6):  # the kept set is the smallest prefix reaching the mass (or min_keys)
+        kept_mass = P[0, i][keep[0, i]].sum()
+        assert kept_mass >= 0.5 and (keep[0, i].sum() == 2 or kept_mass - P[0, i][keep[0, i]].min() < 0.5)
+    dens = B.select_blocks(P, nq, nk, 32, density=0.3, min_keys=1)
+    stats = B.work_stats(dens, nq, nk, 32, 6 * 32)
+    assert 0.2 < stats["density"] <= 0.3 + 1e-6 and stats["tile_efficiency"] == 1  # whole tiles: no padding
+
+
+def test_permutation_puts_clusters_on_whole_tiles_and_round_trips():
+    labels = torch.randint(0, 5, (2, 50), generator=torch.Generator().manual_seed(0))
+    p = B.permutation(labels, 5, 8)
+    assert p.length % 8 == 0
+    for t, cl in enumerate(p.tile_cluster[0].tolist()):
+        toks = p.slot_token[0, t * 8:(t + 1) * 8]
+        toks = toks[toks >= 0]
+        assert cl == -1 and len(toks) == 0 or (labels[0, toks] == cl).all()
+    x = torch.randn(2, 50, 3)
+    assert torch.equal(B.scatter_slots(B.gather_slots(x, p.slot_token), p.slot_token, 50), x)
+
+
+def _dense(q, k, v):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+def _rel(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("text", [(0, "end"), (5, "end"), (7, "start")])
+def test_full_density_equals_dense_attention(text):
+    n_text, pos = text
+    q, k = _structured()
+    v = torch.randn_like(q)
+    if n_text:
+        extra = [torch.randn(1, 2, n_text, 16) for _ in range(3)]
+        q, k, v = ((torch.cat([e, x], 2) if pos == "start" else torch.cat([x, e], 2)) for x, e in
+                   zip((q, k, v), extra, strict=True))
+    attn = HVAttention(HVAConfig(density=None, top_p=1.0, min_keys=10**6, tile=16, backend="dense"))  # all pairs
+    out = attn(q, k, v, grid=GRID, text_tokens=n_text, text_position=pos)
+    assert _rel(out, _dense(q, k, v)) < 1e-5
+    s = attn.last_stats
+    assert {"density", "tile_efficiency", "clustering_s", "distance_evals", "anchor"} <= set(s)
+
+
+def _random_blocks_error(q, k, v, density, tile, seed=0):
+    """Error of keeping random tiles of the raster order at the same density (a floor to beat)."""
+    n = q.shape[2] // tile
+    g = torch.Generator().manual_seed(seed)
+    tiles = (torch.rand(n, n, generator=g) < density) | torch.eye(n, dtype=torch.bool)
+    mask = tiles.repeat_interleave(tile, 0).repeat_interleave(tile, 1)
+    return _rel(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask), _dense(q, k, v))
+
+
+def test_hva_beats_random_blocks_at_equal_density_and_tracks_its_schedule():
+    q, k = _structured()
+    q, k = q / 2, k / 2  # milder logits, closer to a DiT's
+    v = torch.randn_like(q)
+    cfg = HVAConfig(density=0.3, tile=16, anchor_every=2, backend="dense", q_window=(2, 4, 4), k_window=(1, 4, 4))
+    attn = HVAttention(cfg)
+    ref = _dense(q, k, v)
+    err = _rel(attn(q, k, v, grid=GRID), ref)
+    s0 = attn.last_stats
+    assert s0["anchor"] and s0["density"] <= 0.3 + 1e-6 and 0.3 < s0["tile_efficiency"] <= 1
+    assert err < 0.8 * _random_blocks_error(q, k, v, s0["density"], 16)
+    attn(q * 1.01, k, v, grid=GRID)
+    assert not attn.last_stats["anchor"] and attn.last_stats["distance_evals"] < s0["distance_evals"]
+    attn(q, k, v, grid=GRID)
+    assert attn.last_stats["anchor"]
+    base = KMeansSparseAttention(KMeansSparseConfig(density=0.3, top_p=None, q_clusters=8, k_clusters=16, tile=16,
+                                                    backend="dense"))
+    assert _rel(base(q, k, v, grid=GRID), ref) < _random_blocks_error(q, k, v, 0.3, 16)
+    assert base.last_stats["density"] <= 0.3 + 1e-6
+
+
+def test_merging_raises_tile_efficiency():
+    q, k = _structured()
+    v = torch.randn_like(q)
+    common = dict(density=None, top_p=0.9, tile=16, backend="dense", q_window=(1, 2, 4), k_window=(1, 2, 4))
+    plain = HVAttention(HVAConfig(merge=False, **common))
+    merged = HVAttention(HVAConfig(merge=True, merge_tau=1e6, **common))  # any tile-saving merge allowed
+    plain(q, k, v, grid=GRID)
+    merged(q, k, v, grid=GRID)
+    assert merged.last_stats["tile_efficiency"] > plain.last_stats["tile_efficiency"] + 0.2
+    assert merged.last_stats["k_clusters"] < plain.last_stats["k_clusters"]
+
+
+def test_bad_inputs_are_refused():
+    with pytest.raises(ValueError, match="set density"):
+        HVAConfig(density=None, top_p=None)
+    with pytest.raises(ValueError, match="three positive"):
+        HVAConfig(q_window=(2, 2))
+    q = torch.randn(1, 2, 100, 16)
+    with pytest.raises(ValueError, match="raster"):
+        HVAttention()(q, q, q, grid=GRID)
+    with pytest.raises(ValueError, match=r"\[batch, heads, tokens, head_dim\]"):
+        HVAttention()(q[0], q[0], q[0], grid=GRID)
+
+
+def test_update_centroids_keeps_empty_clusters():
+    x = torch.randn(1, 1, 6, 4)
+    c = torch.randn(1, 1, 3, 4)
+    new, n = update_centroids(x, torch.tensor([[[0, 0, 0, 1, 1, 1]]]), c)
+    torch.testing.assert_close(new[0, 0, 2], c[0, 0, 2])
+    assert n.tolist() == [[[3.0, 3.0, 0.0]]]
