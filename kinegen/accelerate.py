@@ -111,7 +111,7 @@ def register_accelerator(name: str, config_cls: type, apply: Callable, *, kind: 
 
 def _ensure_builtins() -> None:
     from .caching import diffusers_caches, map_guided  # noqa: F401  (registers the caches)
-    from .sparse_attn import backends  # noqa: F401  (registers the attention backends)
+    from .sparse_attn import apply, backends  # noqa: F401  (registers the attention accelerators)
 
 
 def list_accelerators(kind: str | None = None) -> list[Accelerator]:

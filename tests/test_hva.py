@@ -247,3 +247,51 @@ def test_update_centroids_keeps_empty_clusters():
     new, n = update_centroids(x, torch.tensor([[[0, 0, 0, 1, 1, 1]]]), c)
     torch.testing.assert_close(new[0, 0, 2], c[0, 0, 2])
     assert n.tolist() == [[[3.0, 3.0, 0.0]]]
+
+
+# ---------------------------------------------------------------------------- in pipelines
+
+ALL_PAIRS = "density=none,top_p=1.0,min_keys=100000,dense_warmup=0,dense_layers=0,tile=16,backend=dense"
+
+
+@pytest.mark.parametrize("name", ["tiny-wan", "tiny-hunyuanvideo", "tiny-cogvideox"])
+def test_hva_keeping_every_block_reproduces_the_dense_pipeline(load_tiny, name):
+    """Interception, permutation, text tokens (none / last / first) and un-permutation are exact."""
+    import numpy as np
+
+    import kinegen
+
+    pipe = load_tiny(name)
+    dense = kinegen.generate(pipe, "a red circle", seed=0)
+    full = kinegen.generate(pipe, "a red circle", seed=0, accelerators=[f"hva:{ALL_PAIRS}"])
+    np.testing.assert_allclose(full.frames, dense.frames, atol=1e-4)
+    st = full.accelerators[0]
+    assert st["sparse_calls"] > 0 and st["dense_calls"] == 0
+    base = kinegen.generate(pipe, "a red circle", seed=0, accelerators=[
+        "kmeans-sparse:density=none,top_p=1.0,min_keys=100000,dense_warmup=0,dense_layers=0,tile=16,backend=dense"])
+    np.testing.assert_allclose(base.frames, dense.frames, atol=1e-4)
+
+
+def test_hva_schedule_branches_removal_and_composition(wan):
+    import kinegen
+
+    before = [type(m.processor) for m in (b.attn1 for b in wan.transformer.blocks)]
+    res = kinegen.generate(wan, "a red circle", seed=0, steps=4, accelerators=[
+        "hva:density=0.5,dense_warmup=0.5,dense_layers=1,tile=16,backend=dense,q_window=1-2-2,k_window=1-2-2"])
+    st = res.accelerators[0]
+    n_layers = len(wan.transformer.blocks)
+    # 4 steps x 2 guidance branches: the first 2 steps dense, then every layer but the first sparse.
+    assert st["sparse_calls"] == 2 * 2 * (n_layers - 1) and st["dense_calls"] == 2 * (4 * n_layers) - st["sparse_calls"]
+    assert 0 < st["density"] and 0 < st["tile_efficiency"] <= 1 and st["block_pattern"]
+    assert [type(m.processor) for m in (b.attn1 for b in wan.transformer.blocks)] == before  # removed
+    both = kinegen.generate(wan, "a red circle", seed=0, steps=4, accelerators=[
+        "mapguided:speedup=1.5,map=recorded", "hva:density=0.5,dense_warmup=0,tile=16,backend=dense"])
+    assert [a["name"] for a in both.accelerators] == ["mapguided", "hva"] and both.accelerators[1]["sparse_calls"] > 0
+
+
+def test_hva_refuses_image_models(flux):
+    import kinegen
+    from kinegen.errors import KinegenError
+
+    with pytest.raises(KinegenError, match="video families"):
+        kinegen.generate(flux, "a red circle", seed=0, accelerators=["hva"])

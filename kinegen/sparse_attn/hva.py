@@ -54,6 +54,8 @@ class HVAConfig:
         backend: block-sparse execution: ``auto`` (Triton on CUDA, FlexAttention on CPU), ``flex``,
             ``triton`` or ``dense`` (masked reference).
         kernel: clustering kernel: ``auto`` (Triton on CUDA, torch elsewhere), ``torch`` or ``triton``.
+        dense_warmup: in pipelines, the share of denoising steps (the first ones) run with dense attention.
+        dense_layers: in pipelines, leading transformer layers that stay dense.
     """
 
     density: float | None = 0.25
@@ -71,9 +73,12 @@ class HVAConfig:
     merge_rounds: int = 8
     backend: str = "auto"
     kernel: str = "auto"
+    dense_warmup: float = 0.2
+    dense_layers: int = 1
 
     def __post_init__(self):
         _check_budget(self.density, self.top_p, self.min_keys)
+        _check_dense(self.dense_warmup, self.dense_layers)
         for name in ("q_window", "k_window"):
             w = tuple(int(x) for x in getattr(self, name))
             if len(w) != 3 or min(w) < 1:
@@ -102,9 +107,12 @@ class KMeansSparseConfig:
     tile: int = 64
     backend: str = "auto"
     seed: int = 0
+    dense_warmup: float = 0.2
+    dense_layers: int = 1
 
     def __post_init__(self):
         _check_budget(self.density, self.top_p, self.min_keys)
+        _check_dense(self.dense_warmup, self.dense_layers)
         if min(self.q_clusters, self.k_clusters, self.iters, self.warm_iters, self.tile) < 1:
             raise ValueError("cluster counts, iterations and tile must be at least 1")
 
@@ -118,6 +126,13 @@ def _check_budget(density, top_p, min_keys):
         raise ValueError(f"top_p must be in (0, 1]; got {top_p}")
     if min_keys < 1:
         raise ValueError(f"min_keys must be at least 1; got {min_keys}")
+
+
+def _check_dense(warmup, layers):
+    if not 0 <= warmup < 1:
+        raise ValueError(f"dense_warmup must be in [0, 1); got {warmup}")
+    if layers < 0:
+        raise ValueError(f"dense_layers must be >= 0; got {layers}")
 
 
 def _sync(x: torch.Tensor) -> None:
@@ -151,7 +166,13 @@ class _ClusteredSparseAttention(torch.nn.Module):
                 state.sizes.reshape(Bb * H, -1).long())
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: tuple[int, int, int], *,
-                scale: float | None = None, text_tokens: int = 0, text_position: str = "end") -> torch.Tensor:
+                scale: float | None = None, text_tokens: int = 0, text_position: str = "end",
+                key_valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Sparse attention over ``q, k, v`` ``[batch, heads, tokens, head_dim]``.
+
+        ``key_valid`` (``[batch, tokens]`` bool) marks padded text keys to ignore (HunyuanVideo's prompt
+        padding); video keys are always attended to as the selection decides.
+        """
         from .block_sparse import block_sparse_attention, layout_from_tile_mask
 
         if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
@@ -182,7 +203,11 @@ class _ClusteredSparseAttention(torch.nn.Module):
         keep = B.select_blocks(P, nq, nk, cfg.tile, density=cfg.density, top_p=cfg.top_p, min_keys=cfg.min_keys)
         stats = B.work_stats(keep, nq, nk, cfg.tile, n_video)
         if text_tokens:  # one extra cluster on each side: text keys for every query, every key for text queries
-            lq, lk, keep, nq, nk = _add_text_cluster(lq, lk, keep, nq, nk, text_tokens, text_position, n_video)
+            text_valid = None
+            if key_valid is not None:
+                tv = key_valid[:, : text_tokens] if text_position == "start" else key_valid[:, n_video:]
+                text_valid = tv.to(torch.bool).repeat_interleave(H, 0)  # [G, n_text]
+            lq, lk, keep, nq, nk = _add_text_cluster(lq, lk, keep, nq, nk, text_tokens, text_valid)
         Kq, Kk = keep.shape[1], keep.shape[2]
         pq = B.permutation(lq, Kq, cfg.tile)
         pk = B.permutation(lk, Kk, cfg.tile)
@@ -221,17 +246,21 @@ def _text(x, vid: slice, position: str) -> torch.Tensor:
     return x[:, :, : vid.start] if position == "start" else x[:, :, vid.stop:]
 
 
-def _add_text_cluster(lq, lk, keep, nq, nk, n_text, position, n_video):
-    """Append the text tokens (placed after the video tokens) as cluster ``K`` on both sides."""
+def _add_text_cluster(lq, lk, keep, nq, nk, n_text, text_valid=None):
+    """Append the text tokens (placed after the video tokens) as cluster ``K`` on both sides; padded text
+    keys (``text_valid`` False) go to a further key cluster that nothing attends to."""
     G, Kq, Kk = keep.shape
     text_q = torch.full((G, n_text), Kq, dtype=lq.dtype, device=lq.device)
     text_k = torch.full((G, n_text), Kk, dtype=lk.dtype, device=lk.device)
+    if text_valid is not None:
+        text_k = torch.where(text_valid, text_k, Kk + 1)
     lq, lk = torch.cat([lq, text_q], 1), torch.cat([lk, text_k], 1)
-    keep = torch.nn.functional.pad(keep, (0, 1, 0, 1))
-    keep[:, :, Kk] = True  # every query attends to the text keys
-    keep[:, Kq, :] = True  # text queries attend to every key
+    keep = torch.nn.functional.pad(keep, (0, 2, 0, 1))
+    keep[:, :, Kk] = True  # every query attends to the (valid) text keys
+    keep[:, Kq, : Kk + 1] = True  # text queries attend to every valid key
     nq = torch.cat([nq, torch.full((G, 1), n_text, dtype=nq.dtype, device=nq.device)], 1)
-    nk = torch.cat([nk, torch.full((G, 1), n_text, dtype=nk.dtype, device=nk.device)], 1)
+    n_valid = text_valid.sum(1, keepdim=True) if text_valid is not None else torch.full((G, 1), n_text)
+    nk = torch.cat([nk, n_valid.to(nk), (n_text - n_valid).to(nk)], 1)
     keep &= (nq > 0).unsqueeze(-1) & (nk > 0).unsqueeze(1)
     return lq, lk, keep, nq, nk
 

@@ -1,0 +1,261 @@
+"""``apply_hva`` / ``apply_kmeans_sparse``: clustered sparse attention as the self-attention of a video DiT.
+
+How it plugs in without patching diffusers:
+
+* A root hook on each transformer (a diffusers ``ModelHook``) reads the token layout of the call from the
+  model-family adapter (grid, text tokens and their position) and counts denoising steps per cache
+  context, so Wan's conditional and unconditional passes keep separate clustering state.
+* Each self-attention module's processor is wrapped (Wan's ``attn1``, HunyuanVideo's and CogVideoX's
+  joint attention). The wrapper runs the original processor (projections, norms, RoPE unchanged) inside a
+  ``TorchFunctionMode`` that catches its one ``scaled_dot_product_attention`` over the full sequence
+  and answers it with this layer's :class:`~kinegen.sparse_attn.hva.HVAttention` (or the baseline). Any
+  other attention in the call (Wan I2V's image cross-attention) passes through untouched. The modules run
+  diffusers' ``native`` backend (SDPA) while wrapped, since other backends would bypass the interception.
+* Dense warm-up steps (the first ``dense_warmup`` share of steps) and dense leading layers
+  (``dense_layers``) run the original processor.
+
+State: one attention module per (transformer, cache context, layer); ``handle.remove()`` restores every
+processor and backend and drops the state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ..accelerate import AcceleratorHandle, RunInfo, register_accelerator
+from ..adapters import get_adapter, transformers_of
+from ..errors import ConfigError
+from .hva import HVAConfig, HVAttention, KMeansSparseAttention, KMeansSparseConfig
+
+SUPPORTED = ("wan", "hunyuan_video", "cogvideox")
+
+
+@dataclasses.dataclass
+class _BranchState:
+    step: int = -1
+    calls: int = 0
+    layers: dict[int, Any] = dataclasses.field(default_factory=dict)
+
+    def reset(self):
+        self.step, self.calls = -1, 0
+        self.layers.clear()
+
+
+class _Controller:
+    """Per transformer: the current layout and step, and the attention modules per branch and layer."""
+
+    def __init__(self, transformer, make_attention, config, run: RunInfo):
+        from diffusers.hooks.hooks import StateManager
+
+        self.transformer = transformer
+        self.adapter = get_adapter(transformer)
+        if self.adapter.name not in SUPPORTED:
+            raise ConfigError(f"sparse attention supports the video families {', '.join(SUPPORTED)}; "
+                              f"{type(transformer).__name__} is a {self.adapter.name} model.")
+        self.make_attention = make_attention
+        self.config = config
+        self.run = run
+        self.state = StateManager(_BranchState)
+        self.layout = None
+        self.sparse_calls = 0
+        self.dense_calls = 0
+        self.layer_stats: dict[tuple[str, int], dict] = {}  # (cache context, layer) -> last call's stats
+
+    def branch(self) -> _BranchState:
+        from diffusers.hooks.hooks import CacheContext
+
+        if self.state._context is None:
+            self.state.set_context(CacheContext(name="inference"))
+        return self.state.get_state()
+
+    def begin(self, kwargs) -> None:
+        self.layout = self.adapter.token_layout(self.transformer, kwargs)
+        st = self.branch()
+        ctx = self.state._context
+        steps = self.run.num_inference_steps or 0
+        step = ctx.step_index if getattr(ctx, "step_index", None) is not None else (st.calls % steps if steps else
+                                                                                     st.calls)
+        if step == 0 and st.calls:
+            st.reset()  # a new generation: fresh clustering state
+        st.step = step
+        st.calls += 1
+
+    def sparse_now(self, layer: int) -> bool:
+        st = self.branch()
+        steps = self.run.num_inference_steps or 0
+        warm = math.ceil(self.config.dense_warmup * steps) if steps else 0
+        return st.step >= warm and layer >= self.config.dense_layers
+
+    def attention(self, layer: int):
+        st = self.branch()
+        if layer not in st.layers:
+            st.layers[layer] = self.make_attention()
+        return st.layers[layer]
+
+
+class _Intercept(TorchFunctionMode):
+    """Answers the SDPA call over the whole self-attention sequence with a sparse attention module."""
+
+    def __init__(self, ctrl: _Controller, attn):
+        super().__init__()
+        self.ctrl, self.attn = ctrl, attn
+        self.hits = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.scaled_dot_product_attention and self.hits == 0:
+            q, k, v = (list(args) + [kwargs.get(n) for n in ("query", "key", "value")])[:3]
+            lay = self.ctrl.layout
+            if q is not None and q.dim() == 4 and q.shape[-2] == lay.seq_len and k.shape[-2] == lay.seq_len:
+                self.hits += 1
+                mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
+                return self._sparse(q, k, v, mask, kwargs.get("scale"))
+        return func(*args, **kwargs)
+
+    def _sparse(self, q, k, v, mask, scale):
+        lay = self.ctrl.layout
+        if lay.num_extra_tokens:
+            raise ConfigError("sparse attention does not handle extra (reference-image) tokens")
+        key_valid = None
+        if mask is not None:  # a key-padding mask (HunyuanVideo's padded text): [B, 1, 1 or S, S]
+            m = mask if mask.dtype == torch.bool else mask > -1e4
+            key_valid = m.reshape(m.shape[0], -1, m.shape[-1])[:, -1] if m.dim() >= 2 else None
+        pos = {"first": "start", "last": "end"}.get(lay.text_position, "end")
+        # Inside __torch_function__ this mode is off the stack: the sparse attention's own torch calls run plainly.
+        return self.attn(q, k, v, grid=lay.grid, scale=scale, text_tokens=lay.num_text_tokens, text_position=pos,
+                         key_valid=key_valid)
+
+
+class _WrappedProcessor:
+    """Calls the original processor, with the layer's sparse attention standing in for its SDPA."""
+
+    def __init__(self, ctrl: _Controller, layer: int, original):
+        self.ctrl, self.layer, self.original = ctrl, layer, original
+
+    def __getattr__(self, name):  # diffusers reads attributes such as _attention_backend off processors
+        return getattr(self.original, name)
+
+    def run(self, attn_module, *args, **kwargs):
+        if not self.ctrl.sparse_now(self.layer):
+            self.ctrl.dense_calls += 1
+            return self.original(attn_module, *args, **kwargs)
+        attn = self.ctrl.attention(self.layer)
+        mode = _Intercept(self.ctrl, attn)
+        with mode:
+            out = self.original(attn_module, *args, **kwargs)
+        if mode.hits != 1:
+            raise RuntimeError(f"sparse attention did not find this layer's attention call ({type(self.original)}); "
+                               "the processor must use SDPA (diffusers' native backend).")
+        self.ctrl.sparse_calls += 1
+        self.ctrl.layer_stats[(self.ctrl.state._context.name, self.layer)] = attn.last_stats
+        return out
+
+
+def _wrap(ctrl: _Controller, layer: int, original) -> _WrappedProcessor:
+    """A wrapper whose ``__call__`` has the original's signature: diffusers' ``Attention`` drops keyword
+    arguments (such as CogVideoX's ``image_rotary_emb``) that a processor's signature does not name."""
+    import inspect
+
+    sig = inspect.signature(original.__call__)
+    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+    def __call__(self, *args, **kwargs):
+        return self.run(*args, **kwargs)
+
+    __call__.__signature__ = sig.replace(parameters=[self_param, *sig.parameters.values()])
+    cls = type(f"Sparse{type(original).__name__}", (_WrappedProcessor,), {"__call__": __call__})
+    return cls(ctrl, layer, original)
+
+
+_LOCK = threading.Lock()
+
+
+def _install(pipe_or_transformer, name: str, config, make_attention, run: RunInfo | None) -> AcceleratorHandle:
+    from diffusers.hooks import HookRegistry, ModelHook
+
+    run = run or RunInfo()
+    transformers = transformers_of(pipe_or_transformer) if hasattr(pipe_or_transformer, "components") else \
+        [pipe_or_transformer]
+    undo, controllers = [], []
+
+    class _Root(ModelHook):
+        _is_stateful = True
+
+        def __init__(self, ctrl):
+            super().__init__()
+            self.ctrl = ctrl
+            self.state_manager = ctrl.state
+
+        def pre_forward(self, module, *args, **kwargs):
+            bound = dict(kwargs)
+            if args:
+                import inspect
+
+                bound = inspect.signature(type(module).forward).bind_partial(module, *args, **kwargs).arguments
+            self.ctrl.begin(bound)
+            return args, kwargs
+
+        def reset_state(self, module):
+            self.ctrl.state.reset()
+            return module
+
+    hook_name = f"kinegen_{name}"
+    with _LOCK:
+        for t in transformers:
+            ctrl = _Controller(t, make_attention, config, run)
+            registry = HookRegistry.check_if_exists_or_initialize(t)
+            if registry.get_hook(hook_name) is not None:
+                raise ConfigError(f"{name} is already applied to this transformer; remove it first.")
+            registry.register_hook(_Root(ctrl), hook_name)
+            undo.append(lambda r=registry: r.remove_hook(hook_name, recurse=False))
+            for layer, (_, module) in enumerate(ctrl.adapter.self_attention_modules(t)):
+                original, backend = module.processor, getattr(module.processor, "_attention_backend", None)
+                module.set_processor(_wrap(ctrl, layer, original))
+                if hasattr(original, "_attention_backend"):
+                    original._attention_backend = None  # native SDPA, so that the interception sees it
+                undo.append(lambda m=module, p=original, b=backend: (m.set_processor(p), setattr(p, "_attention_backend", b)
+                                                                    if hasattr(p, "_attention_backend") else None))
+            controllers.append(ctrl)
+
+    def remove():
+        for fn in reversed(undo):
+            fn()
+
+    def stats():
+        out = {"sparse_calls": sum(c.sparse_calls for c in controllers),
+               "dense_calls": sum(c.dense_calls for c in controllers)}
+        per_layer = [s for c in controllers for s in c.layer_stats.values()]
+        if per_layer:
+            for key in ("density", "tile_efficiency", "clustering_s", "attention_s", "layout_s"):
+                out[key] = float(sum(s[key] for s in per_layer) / len(per_layer))
+            out["distance_evals"] = int(sum(s["distance_evals"] for s in per_layer))
+            out["block_pattern"] = per_layer[0]["block_pattern"].float().tolist()
+        return out
+
+    return AcceleratorHandle(name, config, remove, stats)
+
+
+def apply_hva(pipe_or_transformer, config: HVAConfig | None = None, run: RunInfo | None = None) -> AcceleratorHandle:
+    """Install HyperVAttention as the self-attention of a Wan, HunyuanVideo or CogVideoX transformer
+    (or of every transformer of a pipeline). Removable: ``handle.remove()``."""
+    config = config or HVAConfig()
+    return _install(pipe_or_transformer, "hva", config, lambda: HVAttention(config), run)
+
+
+def apply_kmeans_sparse(pipe_or_transformer, config: KMeansSparseConfig | None = None,
+                        run: RunInfo | None = None) -> AcceleratorHandle:
+    """The SVG2-style baseline installed the same way as :func:`apply_hva`."""
+    config = config or KMeansSparseConfig()
+    return _install(pipe_or_transformer, "kmeans-sparse", config, lambda: KMeansSparseAttention(config), run)
+
+
+register_accelerator("hva", HVAConfig, lambda pipe, cfg, run: apply_hva(pipe, cfg, run), kind="attention",
+                     summary="HyperVAttention: 3D local-window clustered block-sparse self-attention")
+register_accelerator("kmeans-sparse", KMeansSparseConfig, lambda pipe, cfg, run: apply_kmeans_sparse(pipe, cfg, run),
+                     kind="attention", summary="SVG2-style baseline: global k-means clusters, centroid top-p")
