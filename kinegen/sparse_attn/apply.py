@@ -176,6 +176,12 @@ def _wrap(ctrl: _Controller, layer: int, original) -> _WrappedProcessor:
 _LOCK = threading.Lock()
 
 
+def _restore(module, processor, backend) -> None:
+    module.set_processor(processor)
+    if hasattr(processor, "_attention_backend"):
+        processor._attention_backend = backend
+
+
 def _install(pipe_or_transformer, name: str, config, make_attention, run: RunInfo | None) -> AcceleratorHandle:
     from diffusers.hooks import HookRegistry, ModelHook
 
@@ -219,8 +225,7 @@ def _install(pipe_or_transformer, name: str, config, make_attention, run: RunInf
                 module.set_processor(_wrap(ctrl, layer, original))
                 if hasattr(original, "_attention_backend"):
                     original._attention_backend = None  # native SDPA, so that the interception sees it
-                undo.append(lambda m=module, p=original, b=backend: (m.set_processor(p), setattr(p, "_attention_backend", b)
-                                                                    if hasattr(p, "_attention_backend") else None))
+                undo.append(lambda m=module, p=original, b=backend: _restore(m, p, b))
             controllers.append(ctrl)
 
     def remove():
