@@ -95,7 +95,7 @@ class _Controller:
     def attention(self, layer: int):
         st = self.branch()
         if layer not in st.layers:
-            st.layers[layer] = self.make_attention()
+            st.layers[layer] = self.make_attention(layer)
         return st.layers[layer]
 
 
@@ -243,21 +243,23 @@ def _install(pipe_or_transformer, name: str, config, make_attention, run: RunInf
             out["block_pattern"] = per_layer[0]["block_pattern"].float().tolist()
         return out
 
-    return AcceleratorHandle(name, config, remove, stats)
+    handle = AcceleratorHandle(name, config, remove, stats)
+    handle.controllers = controllers
+    return handle
 
 
 def apply_hva(pipe_or_transformer, config: HVAConfig | None = None, run: RunInfo | None = None) -> AcceleratorHandle:
     """Install HyperVAttention as the self-attention of a Wan, HunyuanVideo or CogVideoX transformer
     (or of every transformer of a pipeline). Removable: ``handle.remove()``."""
     config = config or HVAConfig()
-    return _install(pipe_or_transformer, "hva", config, lambda: HVAttention(config), run)
+    return _install(pipe_or_transformer, "hva", config, lambda layer: HVAttention(config), run)
 
 
 def apply_kmeans_sparse(pipe_or_transformer, config: KMeansSparseConfig | None = None,
                         run: RunInfo | None = None) -> AcceleratorHandle:
     """The SVG2-style baseline installed the same way as :func:`apply_hva`."""
     config = config or KMeansSparseConfig()
-    return _install(pipe_or_transformer, "kmeans-sparse", config, lambda: KMeansSparseAttention(config), run)
+    return _install(pipe_or_transformer, "kmeans-sparse", config, lambda layer: KMeansSparseAttention(config), run)
 
 
 register_accelerator("hva", HVAConfig, lambda pipe, cfg, run: apply_hva(pipe, cfg, run), kind="attention",

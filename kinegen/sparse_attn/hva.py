@@ -211,7 +211,7 @@ class _ClusteredSparseAttention(torch.nn.Module):
         Kq, Kk = keep.shape[1], keep.shape[2]
         pq = B.permutation(lq, Kq, cfg.tile)
         pk = B.permutation(lk, Kk, cfg.tile)
-        L = max(pq.length, pk.length)
+        L = _padded_length(max(pq.length, pk.length), N, cfg.tile)
         if pq.length != L:
             pq = B.permutation(lq, Kq, cfg.tile, L)
         if pk.length != L:
@@ -240,6 +240,13 @@ class _ClusteredSparseAttention(torch.nn.Module):
                            "k_clusters": int((nk > 0).sum(-1).float().mean()), "tile": cfg.tile,
                            "block_pattern": mask[0].cpu(), "call": self.calls}
         return out
+
+
+def _padded_length(needed: int, n_tokens: int, tile: int) -> int:
+    """The permuted length, from a few fixed buckets (twice the tokens, then multiples): compiled kernels see
+    a handful of shapes instead of a new one per call. Empty tiles past the clusters cost no attention work."""
+    unit = -(-n_tokens // tile) * tile
+    return max(2, -(-needed // unit)) * unit
 
 
 def _text(x, vid: slice, position: str) -> torch.Tensor:
