@@ -226,7 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="text-to-video/image models to offer: registry names or local diffusers folders "
                           "(default: %(default)s)")
     app.add_argument("--gan-models", nargs="*", metavar="M", default=["kinegen-shapes-gan"],
-                     help="class-conditional GANs for the GAN tab (default: %(default)s; none to hide it)")
+                     help="class-conditional GANs for the GAN tab (default: %(default)s; --gan-models with no "
+                          "names hides the tab)")
     app.add_argument("--output-dir", default="kinegen-app-outputs", metavar="DIR",
                      help="where outputs and history.jsonl are written (default: %(default)s)")
     app.add_argument("--concurrency", type=int, default=1, metavar="N",
@@ -361,7 +362,7 @@ def cmd_generate_gan(args) -> int:
     print(f"wrote {output} ({n} images of {w}x{h}: {', '.join(dict.fromkeys(result.class_names))}; seeds "
           f"{result.seeds[0]}..{result.seeds[-1]})")
     print(f"time: load {load_s:.2f} s | generator {result.timings['generator'] * 1000:.1f} ms "
-          f"({result.timings['per_image'] * 1000:.2f} ms per image, one forward each)")
+          f"({result.timings['per_image'] * 1000:.2f} ms per image; one step, batched forwards)")
     return 0
 
 
@@ -624,7 +625,7 @@ def _read_auth(args) -> list[tuple[str, str]] | None:
         path = Path(args.auth_file)
         if not path.is_file():
             raise ConfigError(f"--auth-file {path} does not exist.")
-        lines += [ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+        lines += [ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.strip().startswith("#")]
     pairs = []
     for line in lines:
         user, sep, password = line.partition(":")

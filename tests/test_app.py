@@ -70,7 +70,7 @@ def test_service_bounds_accelerators_history_and_served_paths(tmp_path):
         f.write('{"time": "cut')
     again = Service(AppConfig(models=["tiny-wan"], gan_models=[], output_dir=tmp_path / "out"))
     assert again.history_rows() == rows
-    entry = again.history_entry(0)
+    entry = again.history_entry(rows[0][-1])
     assert entry["request"]["seed"] == 3 and json.dumps(entry)
 
 

@@ -19,6 +19,7 @@ import re
 import shutil
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,11 @@ def _slug(text: str, n: int = 40) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:n] or "output"
 
 
+def _stamp() -> str:
+    """A time stamp plus a short random part: two runs finishing in the same second never share a name."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
 class Service:
     """Loads each model once, runs requests against it one at a time, and keeps the history."""
 
@@ -148,9 +154,10 @@ class Service:
 
         c = self.config
         check_request_basics(request)
-        if len(request.prompt) > c.max_prompt_chars:
-            raise InvalidRequestError(f"The prompt has {len(request.prompt)} characters; this server accepts up "
-                                      f"to {c.max_prompt_chars}.")
+        for name, text in (("prompt", request.prompt), ("negative prompt", request.negative_prompt or "")):
+            if len(text) > c.max_prompt_chars:
+                raise InvalidRequestError(f"The {name} has {len(text)} characters; this server accepts up to "
+                                          f"{c.max_prompt_chars}.")
         for name in ("height", "width"):
             v = getattr(request, name)
             if v is not None and v > c.max_side:
@@ -199,7 +206,7 @@ class Service:
         with self._locks[model]:
             result = generate(pipe, request, accelerators=accelerators, step_callback=step_callback)
             dense = generate(pipe, request) if compare and accelerators else None
-        stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{_slug(request.prompt)}-seed{request.seed}"
+        stem = f"{_stamp()}-{_slug(request.prompt)}-seed{request.seed}"
         ext = ".mp4" if result.kind == "video" else ".png"
         out: dict[str, Any] = {"output": str(result.save(self.output_dir / f"{stem}{ext}")),
                                "kind": result.kind, "request": request.to_dict(), "model": model,
@@ -238,7 +245,7 @@ class Service:
             res = generate_class_images(pipe, list(classes) or None, num_images=int(num_images), seed=int(seed),
                                         truncation=float(truncation))
         name = "-".join(dict.fromkeys(_slug(c, 16) for c in res.class_names))[:60]
-        path = res.save(self.output_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-gan-{name}-seed{seed}.png")
+        path = res.save(self.output_dir / f"{_stamp()}-gan-{name}-seed{seed}.png")
         self._remember({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "type": "gan", "user": user, "model": model,
                         "request": {"prompt": ", ".join(dict.fromkeys(res.class_names)), "seed": int(seed),
                                     "num_images": int(num_images), "truncation": float(truncation)},
@@ -247,7 +254,7 @@ class Service:
 
     def profile(self, model: str, prompts: list[str], configs: list[str], *, seeds: int = 1, repeats: int = 1,
                 steps: int | None = None, user: str = "anonymous", progress=None) -> dict[str, Any]:
-        from ..generation import GenerationRequest
+        from ..generation import GenerationRequest, resolve_request
         from ..profiling.report import markdown_table
         from ..profiling.runner import parse_config, profile
 
@@ -261,12 +268,12 @@ class Service:
                                       f"{c.max_profile_configs} configurations at a time.")
         if not 1 <= repeats <= c.max_profile_repeats or not 1 <= seeds <= 2:
             raise InvalidRequestError(f"repeats: 1 to {c.max_profile_repeats}; seeds: 1 or 2.")
-        for p in prompts:
-            self.check_request(GenerationRequest(prompt=p, steps=steps))
         parsed = [parse_config(x) for x in configs]
         pipe = self.pipeline(model)
+        for p in prompts:  # the model's defaults filled in, then the server's bounds
+            self.check_request(resolve_request(pipe, GenerationRequest(prompt=p, steps=steps)))
         self.limiter.check(user)
-        out_dir = self.output_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-profile"
+        out_dir = self.output_dir / f"{_stamp()}-profile"
         fields = {"steps": steps} if steps else {}
         with self._locks[model]:
             report = profile(pipe, prompts, parsed, seeds=seeds, repeats=repeats, warmup=1, output_dir=out_dir,
@@ -301,8 +308,10 @@ class Service:
 
     def history_rows(self) -> list[list[Any]]:
         """Newest first: [time, type, model, prompt, seed, accelerators, seconds, output name]."""
+        with self._history_lock:
+            entries = list(self.history)
         rows = []
-        for e in reversed(self.history):
+        for e in reversed(entries):
             r = e["request"]
             total = e.get("total_s")
             rows.append([e["time"], e["type"], e["model"], r.get("prompt", ""), r.get("seed", 0),
@@ -310,11 +319,14 @@ class Service:
                          None if total is None else round(total, 2), Path(e["output"]).name])
         return rows
 
-    def history_entry(self, index: int) -> dict[str, Any]:
-        entries = list(reversed(self.history))
-        if not 0 <= index < len(entries):
-            raise InvalidRequestError("That history row no longer exists; refresh the history.")
-        return entries[index]
+    def history_entry(self, output_name: str) -> dict[str, Any]:
+        """The entry whose output file is named ``output_name`` (the last column of a history row)."""
+        with self._history_lock:
+            entries = list(self.history)
+        for e in reversed(entries):
+            if Path(e["output"]).name == output_name:
+                return e
+        raise InvalidRequestError("That run is no longer in this server's history; refresh the History tab.")
 
     def is_served(self, path: str | Path) -> bool:
         """Only files inside the output folder are handed to the browser."""
@@ -327,17 +339,15 @@ class Service:
 
 def save_block_pattern(path: Path, pattern, density: float | None = None) -> str:
     """A sparse-attention accelerator's kept (query block, key block) pairs as a PNG (kept = dark)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: runs draw from several server threads
 
     from ..media import atomic_path
 
     pattern = np.asarray(pattern, dtype=np.float32)
     if pattern.ndim == 3:  # [heads, q, k]: show the mean over heads
         pattern = pattern.mean(0)
-    fig, ax = plt.subplots(figsize=(4, 4), dpi=100)
+    fig = Figure(figsize=(4, 4), dpi=100)
+    ax = fig.subplots()
     ax.imshow(pattern, cmap="Greys", vmin=0, vmax=1, interpolation="nearest")
     ax.set_xlabel("key block")
     ax.set_ylabel("query block")
@@ -345,5 +355,4 @@ def save_block_pattern(path: Path, pattern, density: float | None = None) -> str
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png")
-    plt.close(fig)
     return str(path)

@@ -9,8 +9,9 @@ into messages shown in the page (the app keeps serving after any failed run).
 API (``gradio_client``)::
 
     from gradio_client import Client
-    video_path = Client("http://127.0.0.1:7860/").predict(prompt="a red circle moving right", seed=0,
-                                                          api_name="/generate")
+    result = Client("http://127.0.0.1:7860/").predict(prompt="a red circle moving right", seed=0,
+                                                      api_name="/generate")
+    result["video"]  # a local copy of the mp4
 """
 
 # No `from __future__ import annotations` here: Gradio reads the handlers' annotations (gr.Request,
@@ -151,7 +152,7 @@ def build_app(config: AppConfig | None = None, service: Service | None = None):
                 api_btn = gr.Button(visible=False)
 
             # ---------------------------------------------------------------- GAN
-            with gr.Tab("GAN", id="gan"):
+            with gr.Tab("GAN", id="gan", visible=bool(gan_models)):
                 gan_classes = svc.class_names(gan_models[0]) if gan_models else []
                 with gr.Row():
                     with gr.Column():
@@ -193,7 +194,7 @@ def build_app(config: AppConfig | None = None, service: Service | None = None):
                 gr.Markdown("This server's recent runs, newest first. Click a row to load its settings into "
                             "the Generate (or GAN) tab.")
                 history = gr.Dataframe(headers=["time", "type", "model", "prompt", "seed", "accelerators",
-                                                "seconds", "output"], value=svc.history_rows(),
+                                                "seconds", "output"], value=svc.history_rows,
                                        interactive=False, wrap=True)
                 refresh = gr.Button("Refresh")
                 history_out = gr.Video(label="Selected output", format="mp4")
@@ -207,7 +208,8 @@ def build_app(config: AppConfig | None = None, service: Service | None = None):
                     gr.update(value=dd.get("frames"), visible=dd.get("kind") == "video"),
                     gr.update(value=dd.get("steps")), gr.update(value=dd.get("guidance")))
 
-        model.change(on_model, [model], [height, width, frames, steps, guidance], api_visibility="private")
+        # .input, not .change: loading a history row sets the model too, and must keep the row's settings.
+        model.input(on_model, [model], [height, width, frames, steps, guidance], api_visibility="private")
 
         def make_request(prompt_, seed_, negative_, height_, width_, frames_, steps_, guidance_):
             return GenerationRequest(prompt=prompt_ or "", negative_prompt=negative_ or None,
@@ -323,7 +325,7 @@ def build_app(config: AppConfig | None = None, service: Service | None = None):
                 raise _error(e) from None
             t = out["timings"]
             return (out["output"], f"{len(out['classes'])} images in {t['generator'] * 1000:.1f} ms "
-                                   f"({t['per_image'] * 1000:.2f} ms each, one generator forward).",
+                                   f"({t['per_image'] * 1000:.2f} ms each; one step, batched generator forwards).",
                     svc.history_rows())
 
         gan_btn.click(run_gan, [gan_model, gan_class, gan_n, gan_seed, gan_trunc], [gan_grid, gan_info, history],
@@ -333,7 +335,7 @@ def build_app(config: AppConfig | None = None, service: Service | None = None):
             names = svc.class_names(name)
             return gr.update(choices=names, value=names[:1])
 
-        gan_model.change(on_gan_model, [gan_model], [gan_class], api_visibility="private")
+        gan_model.input(on_gan_model, [gan_model], [gan_class], api_visibility="private")
 
         def run_profile(model, configs, prompts, steps, repeats, request: gr.Request, progress=gr.Progress()):
             """The dense baseline and each configuration (one per line) on the prompts (one per line)."""
@@ -353,7 +355,7 @@ def build_app(config: AppConfig | None = None, service: Service | None = None):
 
         def on_history_select(evt: gr.SelectData):
             try:
-                e = svc.history_entry(evt.index[0])
+                e = svc.history_entry(str(evt.row_value[-1]))  # by output name, not by position
             except Exception as err:
                 raise _error(err) from None
             r = e["request"]

@@ -74,16 +74,14 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
 def save_heatmap(path: str | os.PathLike, tvmap: np.ndarray, plan: np.ndarray | None = None,
                  groups: list[str] | None = None, title: str = "") -> str:
     """Write the map (log scale) and, beside it, the plan (computed cells dark) as one PNG, atomically."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: the web app draws from several threads
 
     from ..media import atomic_path
 
     tvmap = np.asarray(tvmap, dtype=np.float64)
     ncols = 2 if plan is not None else 1
-    fig, axes = plt.subplots(1, ncols, figsize=(4.2 * ncols + 1, 3.6), squeeze=False)
+    fig = Figure(figsize=(4.2 * ncols + 1, 3.6))
+    axes = fig.subplots(1, ncols, squeeze=False)
     ax = axes[0, 0]
     im = ax.imshow(np.log10(tvmap.T + 1e-8), aspect="auto", origin="lower", cmap="magma")
     ax.set_title("TVMap (log10)")
@@ -107,7 +105,6 @@ def save_heatmap(path: str | os.PathLike, tvmap: np.ndarray, plan: np.ndarray | 
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
     return str(path)
 
 

@@ -74,11 +74,20 @@ class _Controller:
             self.state.set_context(CacheContext(name="inference"))
         return self.state.get_state()
 
+    def steps(self) -> int:
+        """Denoising steps of the run: from the RunInfo, else the pipeline's cache context; 0 if unknown."""
+        ctx = self.state._context
+        return int(self.run.num_inference_steps or getattr(ctx, "num_inference_steps", None) or 0)
+
     def begin(self, kwargs) -> None:
         self.layout = self.adapter.token_layout(self.transformer, kwargs)
         st = self.branch()
         ctx = self.state._context
-        steps = self.run.num_inference_steps or 0
+        steps = self.steps()
+        if not steps and self.config.dense_warmup > 0:
+            raise ConfigError(f"{type(self.config).__name__}: dense_warmup needs the number of denoising steps; "
+                              "pass run=RunInfo(num_inference_steps=...) to apply_hva (kinegen.generate does), "
+                              "or set dense_warmup=0.")
         step = ctx.step_index if getattr(ctx, "step_index", None) is not None else (st.calls % steps if steps else
                                                                                      st.calls)
         if step == 0 and st.calls:
@@ -88,7 +97,7 @@ class _Controller:
 
     def sparse_now(self, layer: int) -> bool:
         st = self.branch()
-        steps = self.run.num_inference_steps or 0
+        steps = self.steps()
         warm = math.ceil(self.config.dense_warmup * steps) if steps else 0
         return st.step >= warm and layer >= self.config.dense_layers
 
@@ -211,26 +220,36 @@ def _install(pipe_or_transformer, name: str, config, make_attention, run: RunInf
             self.ctrl.state.reset()
             return module
 
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
     hook_name = f"kinegen_{name}"
-    with _LOCK:
-        for t in transformers:
-            ctrl = _Controller(t, make_attention, config, run)
-            registry = HookRegistry.check_if_exists_or_initialize(t)
-            if registry.get_hook(hook_name) is not None:
-                raise ConfigError(f"{name} is already applied to this transformer; remove it first.")
-            registry.register_hook(_Root(ctrl), hook_name)
-            undo.append(lambda r=registry: r.remove_hook(hook_name, recurse=False))
-            for layer, (_, module) in enumerate(ctrl.adapter.self_attention_modules(t)):
-                original, backend = module.processor, getattr(module.processor, "_attention_backend", None)
-                module.set_processor(_wrap(ctrl, layer, original))
-                if hasattr(original, "_attention_backend"):
-                    original._attention_backend = None  # native SDPA, so that the interception sees it
-                undo.append(lambda m=module, p=original, b=backend: _restore(m, p, b))
-            controllers.append(ctrl)
 
     def remove():
         for fn in reversed(undo):
             fn()
+
+    def wrap(t) -> None:
+        ctrl = _Controller(t, make_attention, config, run)
+        registry = HookRegistry.check_if_exists_or_initialize(t)
+        if registry.get_hook(hook_name) is not None:
+            raise ConfigError(f"{name} is already applied to this transformer; remove it first.")
+        registry.register_hook(_Root(ctrl), hook_name)
+        undo.append(lambda r=registry: r.remove_hook(hook_name, recurse=False))
+        for layer, (_, module) in enumerate(ctrl.adapter.self_attention_modules(t)):
+            original, backend = module.processor, getattr(module.processor, "_attention_backend", None)
+            module.set_processor(_wrap(ctrl, layer, original))
+            if hasattr(original, "_attention_backend"):  # SDPA, so that the interception sees the call
+                original._attention_backend = AttentionBackendName.NATIVE
+            undo.append(lambda m=module, p=original, b=backend: _restore(m, p, b))
+        controllers.append(ctrl)
+
+    with _LOCK:
+        try:
+            for t in transformers:
+                wrap(t)
+        except Exception:
+            remove()  # a failure on a later transformer must not leave the earlier ones wrapped
+            raise
 
     def stats():
         out = {"sparse_calls": sum(c.sparse_calls for c in controllers),
@@ -240,7 +259,7 @@ def _install(pipe_or_transformer, name: str, config, make_attention, run: RunInf
             for key in ("density", "tile_efficiency", "clustering_s", "attention_s", "layout_s"):
                 out[key] = float(sum(s[key] for s in per_layer) / len(per_layer))
             out["distance_evals"] = int(sum(s["distance_evals"] for s in per_layer))
-            out["block_pattern"] = per_layer[0]["block_pattern"].float().tolist()
+            out["block_pattern"] = per_layer[0]["block_pattern"].float().cpu().tolist()
         return out
 
     handle = AcceleratorHandle(name, config, remove, stats)

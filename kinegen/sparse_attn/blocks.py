@@ -108,14 +108,19 @@ def select_blocks(P: torch.Tensor, nq: torch.Tensor, nk: torch.Tensor, tile: int
         ratio = (value / cost.clamp(min=1)).masked_fill(~(q_alive.unsqueeze(-1) & k_alive.unsqueeze(1)), -1.0)
         n_total = nq.float().sum(-1)  # tokens per group
         budget = density * n_total.square() - (cost * keep).sum((-1, -2))
-        flat_ratio = ratio.masked_fill(keep, -1.0).flatten(1)
         flat_cost = cost.flatten(1)
-        order2 = flat_ratio.argsort(-1, descending=True)
-        spent = torch.gather(flat_cost, 1, order2).cumsum(-1)
-        take = (spent <= budget.unsqueeze(-1)) & (torch.gather(flat_ratio, 1, order2) > 0)
-        extra = torch.zeros_like(take)
-        extra.scatter_(1, order2, take)
-        keep |= extra.view(G, Kq, Kk)
+        for _ in range(4):  # greedy by mass per executed tile; later passes fill what a too-big pair left
+            flat_ratio = ratio.masked_fill(keep, -1.0).flatten(1)
+            fits = (flat_ratio > 0) & (flat_cost <= budget.unsqueeze(-1))
+            order2 = flat_ratio.masked_fill(~fits, -2.0).argsort(-1, descending=True)
+            spent = torch.gather(flat_cost * fits, 1, order2).cumsum(-1)
+            take = (spent <= budget.unsqueeze(-1)) & torch.gather(fits, 1, order2)
+            if not take.any():
+                break
+            extra = torch.zeros_like(take)
+            extra.scatter_(1, order2, take)
+            keep |= extra.view(G, Kq, Kk)
+            budget = budget - (flat_cost * extra).sum(-1)
     return keep & q_alive.unsqueeze(-1) & k_alive.unsqueeze(1)
 
 

@@ -202,13 +202,14 @@ class ClusterState:
 
 
 def local_kmeans(x: torch.Tensor, grid: tuple[int, int, int], window: tuple[int, int, int], per_window: int = 1,
-                 iters: int = 3, assign_fn=None) -> tuple[ClusterState, int]:
+                 iters: int = 3, assign_fn=None, update_fn=None) -> tuple[ClusterState, int]:
     """Full 3D local-window clustering (an anchor step): grid start, then ``iters`` Lloyd iterations.
 
-    ``assign_fn`` replaces :func:`assign_local` (the Triton kernel has the same signature).
-    Returns the state and the number of distance evaluations.
+    ``assign_fn`` / ``update_fn`` replace :func:`assign_local` / :func:`update_centroids` (the Triton
+    kernels have the same signatures). Returns the state and the number of distance evaluations.
     """
     assign_fn = assign_fn or assign_local
+    update_fn = update_fn or update_centroids
     wg = window_grid(tuple(grid), tuple(window))
     if wg.grid[0] * wg.grid[1] * wg.grid[2] != x.shape[2]:
         raise ValueError(f"grid {grid} has {math.prod(grid)} tokens but x has {x.shape[2]}.")
@@ -218,16 +219,17 @@ def local_kmeans(x: torch.Tensor, grid: tuple[int, int, int], window: tuple[int,
     for _ in range(max(1, iters)):
         a = assign_fn(x, centroids, wg, per_window)
         evals += a.distance_evals
-        centroids, sizes = update_centroids(x, a.labels, centroids)
+        centroids, sizes = update_fn(x, a.labels, centroids)
     return ClusterState(centroids, a.labels, a.margin, sizes), evals
 
 
 def refine(x: torch.Tensor, state: ClusterState, grid, window, per_window: int, fraction: float,
-           assign_fn=None) -> tuple[ClusterState, int]:
+           assign_fn=None, update_fn=None) -> tuple[ClusterState, int]:
     """A hybrid (non-anchor) step: re-assign the ``fraction`` of tokens with the smallest margin at their
-    last assignment (per batch element and head: the union over heads is used, so the subset is shared),
-    keep the other labels, and update the centroids once from all tokens."""
+    last assignment (the margin averaged over batch and heads, so one subset serves every head), keep the
+    other labels, and update the centroids once from all tokens."""
     assign_fn = assign_fn or assign_local
+    update_fn = update_fn or update_centroids
     wg = window_grid(tuple(grid), tuple(window))
     B, Hh, N, _ = x.shape
     m = max(1, int(round(fraction * N)))
@@ -238,7 +240,7 @@ def refine(x: torch.Tensor, state: ClusterState, grid, window, per_window: int, 
     margin = state.margin.clone()
     labels[:, :, tokens] = a.labels[:, :, tokens]
     margin[:, :, tokens] = a.margin[:, :, tokens]
-    centroids, sizes = update_centroids(x, labels, state.centroids)
+    centroids, sizes = update_fn(x, labels, state.centroids)
     return ClusterState(centroids, labels, margin, sizes), a.distance_evals
 
 

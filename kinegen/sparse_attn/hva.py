@@ -238,7 +238,7 @@ class _ClusteredSparseAttention(torch.nn.Module):
         self.last_stats = {**stats, **info, "clustering_s": clustering_s, "layout_s": layout_s,
                            "attention_s": attention_s, "q_clusters": int((nq > 0).sum(-1).float().mean()),
                            "k_clusters": int((nk > 0).sum(-1).float().mean()), "tile": cfg.tile,
-                           "block_pattern": mask[0].cpu(), "call": self.calls}
+                           "block_pattern": mask[0], "call": self.calls}
         return out
 
 
@@ -279,26 +279,27 @@ class HVAttention(_ClusteredSparseAttention):
     def __init__(self, config: HVAConfig | None = None):
         super().__init__(config or HVAConfig())
 
-    def _assign_fn(self, x):
+    def _kernels(self, x):
+        """(assign, update) functions: the Triton kernels, or None for the torch reference."""
         kernel = self.config.kernel
         if kernel == "triton" or (kernel == "auto" and x.is_cuda):
-            from .kernels import assign_local_triton
+            from .kernels import assign_local_triton, update_centroids_triton
 
-            return assign_local_triton
-        return None
+            return assign_local_triton, update_centroids_triton
+        return None, None
 
     def _cluster(self, q, k, grid):
         cfg = self.config
         anchor = self.q_state is None or self.calls % cfg.anchor_every == 0
         if self.q_state is not None and self.q_state.labels.shape != q.shape[:3]:
             anchor = True  # a new size or batch: start over
-        fn = self._assign_fn(q)
+        fa, fu = self._kernels(q)
         if anchor:
-            qs, eq = local_kmeans(q, grid, cfg.q_window, cfg.per_window, cfg.iters, fn)
-            ks, ek = local_kmeans(k, grid, cfg.k_window, cfg.per_window, cfg.iters, fn)
+            qs, eq = local_kmeans(q, grid, cfg.q_window, cfg.per_window, cfg.iters, fa, fu)
+            ks, ek = local_kmeans(k, grid, cfg.k_window, cfg.per_window, cfg.iters, fa, fu)
         else:
-            qs, eq = refine(q, self.q_state, grid, cfg.q_window, cfg.per_window, cfg.reassign, fn)
-            ks, ek = refine(k, self.k_state, grid, cfg.k_window, cfg.per_window, cfg.reassign, fn)
+            qs, eq = refine(q, self.q_state, grid, cfg.q_window, cfg.per_window, cfg.reassign, fa, fu)
+            ks, ek = refine(k, self.k_state, grid, cfg.k_window, cfg.per_window, cfg.reassign, fa, fu)
         return qs, ks, {"anchor": anchor, "distance_evals": eq + ek}
 
     def _merge(self, x, state):
