@@ -12,6 +12,11 @@ METRICS = [("fd", "FD (classifier features)", ".3f"), ("kid", "KID", ".4f"), ("p
            ("recall", "recall", ".2f"), ("class_accuracy", "class accuracy", ".1%")]
 
 
+def cpu_seconds(name):
+    """User CPU seconds of the training run (from /usr/bin/time)."""
+    return float((RESULTS / f"{name}.time").read_text().split(",")[1].split()[0])
+
+
 def load(name):
     m = json.loads((RESULTS / f"{name}.json").read_text())
     log = [json.loads(x) for x in (RESULTS / f"{name}.log.jsonl").read_text().splitlines()]
@@ -31,21 +36,24 @@ def row(label, names):
     cells.append(fmt([m["modes_covered"] for m, _, _ in ms], "d") + f"/{ms[0][0]['modes']}")
     cells.append(f"{ms[0][1][-1]['step']}")
     cells.append(fmt([w / 60 for _, _, w in ms], ".1f"))
+    cells.append(fmt([u / 60 for u in (cpu_seconds(n) for n in names)], ".1f"))
     return f"| {label} | " + " | ".join(cells) + " |"
 
 
 def main():
-    head = "| run | " + " | ".join(t for _, t, _ in METRICS) + " | modes | steps | train min |"
-    sep = "|" + "---|" * (len(METRICS) + 4)
+    head = ("| run | " + " | ".join(t for _, t, _ in METRICS)
+            + " | modes | steps | wall min | CPU min |")
+    sep = "|" + "---|" * (len(METRICS) + 5)
     print("## MP-GAN against R3GAN (mean over seeds, each seed in brackets)\n")
     print(head + "\n" + sep)
-    print(row("MP-GAN", ["mp-s0", "mp-s1"]))
+    print(row("MP-GAN", ["mp3-s0", "mp3-s1"]))
     print(row("R3GAN baseline", ["r3gan-s0", "r3gan-s1"]))
     print("\n## Ablation (seed 0)\n")
     print(head + "\n" + sep)
-    for label, name in [("MP-GAN (all changes)", "mp-s0"), ("- MP residuals", "mp-no-mp_residual"),
-                        ("- weight normalisation and centering", "mp-no-weight_norm"),
-                        ("R3GAN baseline (all off)", "r3gan-s0")]:
+    for label, name in [("MP-GAN (all changes, lr 3e-3)", "mp3-s0"), ("- MP residuals", "mp3-no-mp_residual"),
+                        ("- weight normalisation and centering", "mp3-no-weight_norm"),
+                        ("MP-GAN at lr 1e-2 (EDM2's rate)", "mp-s0"),
+                        ("R3GAN baseline (all off, lr 2e-4)", "r3gan-s0")]:
         if (RESULTS / f"{name}.json").is_file():
             print(row(label, [name]))
     plot()
@@ -76,7 +84,7 @@ def plot():
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
-    variants = [("MP-GAN", ["mp-s0", "mp-s1"]), ("R3GAN baseline", ["r3gan-s0", "r3gan-s1"])]
+    variants = [("MP-GAN", ["mp3-s0", "mp3-s1"]), ("R3GAN baseline", ["r3gan-s0", "r3gan-s1"])]
     for ax, (title, names) in zip(axes, variants, strict=True):
         for name, style in zip(names, ["-", "--"], strict=True):
             _, log, _ = load(name)

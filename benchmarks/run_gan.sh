@@ -1,26 +1,30 @@
 #!/usr/bin/env bash
 # MP-GAN against the R3GAN baseline at equal parameters (1.68M, G+D) and equal CPU time, 2 seeds each,
-# then two ablations; each run single-threaded so that two run side by side on a 2-core machine.
+# plus ablations; each run single-threaded so that two run side by side on a 2-core machine.
+#
 # Equal time: at equal parameters the R3GAN baseline's wider high-resolution stages take 1.6x longer per
-# step (2.7 s against 1.7 s, measured side by side), so it gets 0.625x the steps, on its own full schedule.
-# Usage: benchmarks/run_gan.sh [STEPS]   (runs under runs/gan-bench, metrics in benchmarks/results/gan)
+# step (2.7 s against 1.7 s, measured side by side), so it gets 625 steps to the MP-GAN's 1000, each on its
+# own full schedule. MP learning rate: 3e-3 at batch 32 (EDM2's and R3GAN2's 1e-2 is for batches of
+# 512-4096; run mp-s0 keeps the 1e-2 result for the ablation table). R3GAN: its paper's 2e-4.
+# Usage: benchmarks/run_gan.sh   (runs under runs/gan-bench, metrics in benchmarks/results/gan)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STEPS=${1:-1000}
 K=.venv/bin/kinegen
 OUT=benchmarks/results/gan
 mkdir -p runs/gan-bench "$OUT"
 export OMP_NUM_THREADS=1
-run() {  # name, extra train flags...
+run() {  # name, train flags...
   local name=$1; shift
   /usr/bin/time -f "%e s wall, %U s user" -o "runs/gan-bench/$name.time" \
-    $K train gan --run "runs/gan-bench/$name" --steps "$STEPS" "$@" > "runs/gan-bench/$name.log" 2>&1
+    $K train gan --run "runs/gan-bench/$name" "$@" > "runs/gan-bench/$name.log" 2>&1
   $K eval gan --model "runs/gan-bench/$name/pipeline" --images 1200 -o "$OUT/$name.json" >> "runs/gan-bench/$name.log" 2>&1
   cp "runs/gan-bench/$name/log.jsonl" "$OUT/$name.log.jsonl"
   cp "runs/gan-bench/$name.time" "$OUT/$name.time"
 }
-R3=(--variant r3gan --widths 192,176,144,96 --steps $((STEPS * 5 / 8)))   # 1,676,515 parameters; the MP default has 1,676,164
-lane_a() { run mp-s0 --seed 0; run r3gan-s1 --seed 1 "${R3[@]}"; run mp-no-mp_residual --seed 0 --ablate mp_residual; }
-lane_b() { run r3gan-s0 --seed 0 "${R3[@]}"; run mp-s1 --seed 1; run mp-no-weight_norm --seed 0 --ablate weight_norm,centering; }
+MP=(--steps 1000 --lr 0.003)
+R3=(--variant r3gan --widths 192,176,144,96 --steps 625)   # 1,676,515 parameters; the MP default has 1,676,164
+lane_a() { run mp3-s0 --seed 0 "${MP[@]}"; run r3gan-s1 --seed 1 "${R3[@]}"; run mp3-no-weight_norm --seed 0 "${MP[@]}" --ablate weight_norm,centering; }
+lane_b() { run r3gan-s0 --seed 0 "${R3[@]}"; run mp3-s1 --seed 1 "${MP[@]}"; run mp3-no-mp_residual --seed 0 "${MP[@]}" --ablate mp_residual; }
 lane_a & lane_b & wait
+run mp-s0 --seed 0 --steps 1000   # the MP-GAN at lr 1e-2 (its default), for the ablation table
 echo done

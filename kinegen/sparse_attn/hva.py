@@ -43,7 +43,8 @@ class HVAConfig:
             ``density``).
         min_keys: key clusters every query cluster keeps, whatever the budget.
         q_window / k_window: 3D window ``(frames, rows, cols)`` of the query / key clustering (one window
-            holds ``per_window`` centroids at the start).
+            holds ``per_window`` centroids at the start). The defaults give clusters of about two tiles
+            (queries) and one tile (keys) of 64 rows, in SVG2's proportion of fewer query than key clusters.
         per_window: centroids per window.
         iters: Lloyd iterations at anchor calls.
         anchor_every: full clustering every this many calls (the first call is always an anchor).
@@ -61,8 +62,8 @@ class HVAConfig:
     density: float | None = 0.25
     top_p: float | None = None
     min_keys: int = 1
-    q_window: tuple[int, int, int] = (2, 4, 8)
-    k_window: tuple[int, int, int] = (1, 4, 4)
+    q_window: tuple[int, int, int] = (2, 8, 8)
+    k_window: tuple[int, int, int] = (1, 8, 8)
     per_window: int = 1
     iters: int = 3
     anchor_every: int = 5

@@ -54,7 +54,7 @@ class GANTrainConfig:
     widths: str = "128,128,96,64"
     steps: int = 3000
     batch_size: int = 32
-    lr: float = 0.0  # 0 = the variant's default (MP 1e-2, R3GAN 2e-4), decayed 10x by a cosine to the end
+    lr: float = 0.0  # 0 = the variant's default (MP 3e-3, R3GAN 2e-4), decayed 10x by a cosine to the end
     gamma: float = 1.0  # R1/R2 weight at the start, decayed 10x by a cosine
     dataset_images: int = 20000  # procedural images (the "shapes" data) drawn from a fixed pool
     ema_sigma_rels: str = "0.05,0.10"
