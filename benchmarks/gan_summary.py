@@ -46,14 +46,17 @@ def main():
     sep = "|" + "---|" * (len(METRICS) + 5)
     print("## MP-GAN against R3GAN (mean over seeds, each seed in brackets)\n")
     print(head + "\n" + sep)
-    print(row("MP-GAN", ["mp3-s0", "mp3-s1"]))
-    print(row("R3GAN baseline", ["r3gan-s0", "r3gan-s1"]))
+    print(row("MP-GAN (lr 3e-3)", ["mp3-s0", "mp3-s1"]))
+    print(row("R3GAN baseline (lr 2e-4)", ["r3gan-s0", "r3gan-s1"]))
+    if (RESULTS / "r3gan6-s1.json").is_file():
+        print(row("R3GAN baseline (lr 6e-4)", ["r3gan6-s0", "r3gan6-s1"]))
     print("\n## Ablation (seed 0)\n")
     print(head + "\n" + sep)
     for label, name in [("MP-GAN (all changes, lr 3e-3)", "mp3-s0"), ("- MP residuals", "mp3-no-mp_residual"),
                         ("- weight normalisation and centering", "mp3-no-weight_norm"),
                         ("MP-GAN at lr 1e-2 (EDM2's rate)", "mp-s0"),
-                        ("R3GAN baseline (all off, lr 2e-4)", "r3gan-s0")]:
+                        ("R3GAN baseline (all off, lr 2e-4)", "r3gan-s0"),
+                        ("R3GAN baseline (all off, lr 6e-4)", "r3gan6-s0")]:
         if (RESULTS / f"{name}.json").is_file():
             print(row(label, [name]))
     plot()
@@ -83,21 +86,24 @@ def plot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
-    variants = [("MP-GAN", ["mp3-s0", "mp3-s1"]), ("R3GAN baseline", ["r3gan-s0", "r3gan-s1"])]
+    variants = [("MP-GAN", ["mp3-s0", "mp3-s1"]), ("R3GAN baseline", ["r3gan-s0", "r3gan-s1"]),
+                ("MP-GAN without MP residuals", ["mp3-no-mp_residual"])]
+    fig, axes = plt.subplots(1, len(variants), figsize=(14, 3.8), sharey=True)
     for ax, (title, names) in zip(axes, variants, strict=True):
-        for name, style in zip(names, ["-", "--"], strict=True):
+        for name, style in zip(names, ["-", "--"], strict=False):
             _, log, _ = load(name)
             stages = sorted(k for k in log[-1] if k.startswith("mag_"))
             total = log[-1]["step"]
             for i, k in enumerate(stages):
                 steps, values = raw_magnitudes(log, k)
-                ax.plot([s / total for s in steps], values, style, color=f"C{i}", label=f"stage {i} ({name[-2:]})")
+                ax.plot([s / total for s in steps], values, style, color=f"C{i}",
+                        label=f"{['32x32', '16x16', '8x8', '4x4'][i]} ({name.split('-')[-1]})")
         ax.set_title(title)
         ax.set_xlabel("fraction of training")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("D activation RMS on real images")
-    axes[1].legend(fontsize=7, ncol=2)
+    for ax in axes:
+        ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
     fig.savefig("benchmarks/gan_magnitudes.png", dpi=110)
     print("\nwrote benchmarks/gan_magnitudes.png")

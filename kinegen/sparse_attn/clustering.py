@@ -111,36 +111,39 @@ def assign_local(x: torch.Tensor, centroids: torch.Tensor, wg: WindowGrid, per_w
         tokens: assign only these token indices (``[M]``, for hybrid steps); labels of the others are
             returned as -1 and their margins as +inf.
 
-    All tokens of a window share their candidates, so the full assignment is one small matrix product
-    per window (``||x||^2 - 2 x.c + ||c||^2``); a subset gathers each token's candidates instead.
+    All tokens of a window share their candidates, so the assignment is one small matrix product per
+    window (``||x||^2 - 2 x.c + ||c||^2``); a subset runs the same way on a window table of its tokens.
     """
     B, Hh, N, D = x.shape
     cand = candidate_centroids(wg, per_window).to(x.device)  # [nW, C]
     labels = torch.full((B, Hh, N), -1, dtype=torch.long, device=x.device)
     margin = torch.full((B, Hh, N), float("inf"), dtype=x.dtype, device=x.device)
+    order = wg.order.to(x.device) if tokens is None else subset_table(wg, tokens.to(x.device))  # [nW, T]
     xf, cf = x.float(), centroids.float()
-    if tokens is None:
-        order = wg.order.to(x.device)  # [nW, T]
-        xw = xf[:, :, order.clamp(min=0)]  # [B, H, nW, T, D]
-        cw = cf[:, :, cand.clamp(min=0)]  # [B, H, nW, C, D]
-        d2 = (xw.square().sum(-1, keepdim=True) - 2 * xw @ cw.transpose(-1, -2)
-              + cw.square().sum(-1).unsqueeze(-2))  # [B, H, nW, T, C]
-        d2 = d2.masked_fill((cand < 0)[:, None, :], float("inf"))
-        lab, mar = _best_two(d2, cand[:, None, :].expand(-1, order.shape[1], -1))
-        keep = order >= 0
-        labels[:, :, order[keep]] = lab[:, :, keep]
-        margin[:, :, order[keep]] = mar[:, :, keep].to(x.dtype)
-        evals = int(((cand >= 0).sum(1) * keep.sum(1)).sum())
-    else:
-        tok_cand = cand[wg.window_of_token.to(x.device)[tokens]]  # [M, C]
-        c = cf[:, :, tok_cand.clamp(min=0)]  # [B, H, M, C, D]
-        d2 = (c - xf[:, :, tokens].unsqueeze(-2)).square().sum(-1)  # [B, H, M, C]
-        d2 = d2.masked_fill(tok_cand < 0, float("inf"))
-        lab, mar = _best_two(d2, tok_cand)
-        labels[:, :, tokens] = lab
-        margin[:, :, tokens] = mar.to(x.dtype)
-        evals = int((tok_cand >= 0).sum())
+    xw = xf[:, :, order.clamp(min=0)]  # [B, H, nW, T, D]
+    cw = cf[:, :, cand.clamp(min=0)]  # [B, H, nW, C, D]
+    d2 = (xw.square().sum(-1, keepdim=True) - 2 * xw @ cw.transpose(-1, -2)
+          + cw.square().sum(-1).unsqueeze(-2))  # [B, H, nW, T, C]
+    d2 = d2.masked_fill((cand < 0)[:, None, :], float("inf"))
+    lab, mar = _best_two(d2, cand[:, None, :].expand(-1, order.shape[1], -1))
+    keep = order >= 0
+    labels[:, :, order[keep]] = lab[:, :, keep]
+    margin[:, :, order[keep]] = mar[:, :, keep].to(x.dtype)
+    evals = int(((cand >= 0).sum(1) * keep.sum(1)).sum())
     return Assignment(labels, margin, evals * B * Hh)
+
+
+def subset_table(wg: WindowGrid, tokens: torch.Tensor) -> torch.Tensor:
+    """``[num_windows, max_tokens]`` holding only ``tokens``, each in its window's row (-1 padding): a subset
+    is assigned window by window like the full set, at a cost proportional to its size."""
+    win = wg.window_of_token.to(tokens.device)[tokens]
+    sorted_win, idx = torch.sort(win, stable=True)
+    counts = torch.bincount(sorted_win, minlength=wg.num_windows)
+    first = counts.cumsum(0) - counts
+    slot = torch.arange(len(tokens), device=tokens.device) - first[sorted_win]
+    table = torch.full((wg.num_windows, max(1, int(counts.max()))), -1, dtype=torch.long, device=tokens.device)
+    table[sorted_win, slot] = tokens[idx]
+    return table
 
 
 def _best_two(d2: torch.Tensor, cand: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

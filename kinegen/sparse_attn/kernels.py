@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from .clustering import Assignment, WindowGrid, candidate_centroids
+from .clustering import Assignment, WindowGrid, candidate_centroids, subset_table
 
 
 def _require_triton(x: torch.Tensor):
@@ -86,18 +86,6 @@ def _kernels():
     return assign_kernel, update_kernel
 
 
-def _subset_table(wg: WindowGrid, tokens: torch.Tensor) -> torch.Tensor:
-    """``[num_windows, max_tokens]`` of only ``tokens``, each in its window's row (-1 padding)."""
-    win = wg.window_of_token.to(tokens.device)[tokens]
-    sorted_win, idx = torch.sort(win, stable=True)
-    counts = torch.bincount(sorted_win, minlength=wg.num_windows)
-    first = counts.cumsum(0) - counts
-    slot = torch.arange(len(tokens), device=tokens.device) - first[sorted_win]
-    table = torch.full((wg.num_windows, max(1, int(counts.max()))), -1, dtype=torch.long, device=tokens.device)
-    table[sorted_win, slot] = tokens[idx]
-    return table
-
-
 def assign_local_triton(x: torch.Tensor, centroids: torch.Tensor, wg: WindowGrid, per_window: int,
                         tokens: torch.Tensor | None = None) -> Assignment:
     """Triton version of :func:`~kinegen.sparse_attn.clustering.assign_local` (same arguments and result)."""
@@ -105,7 +93,7 @@ def assign_local_triton(x: torch.Tensor, centroids: torch.Tensor, wg: WindowGrid
     assign_kernel, _ = _kernels()
     B, H, N, D = x.shape
     K = centroids.shape[2]
-    order = (wg.order.to(x.device) if tokens is None else _subset_table(wg, tokens.to(x.device))).contiguous()
+    order = (wg.order.to(x.device) if tokens is None else subset_table(wg, tokens.to(x.device))).contiguous()
     cand = candidate_centroids(wg, per_window).to(x.device).contiguous()
     labels = torch.full((B, H, N), -1, dtype=torch.long, device=x.device)
     margin = torch.full((B, H, N), float("inf"), dtype=torch.float32, device=x.device)
