@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 
 RESULTS = Path("benchmarks/results/gan")
-METRICS = [("fd", "FD (classifier features)", ".3f"), ("kid", "KID", ".4f"), ("precision", "precision", ".2f"),
+METRICS = [("fd", "FD (classifier features)", ".1f"), ("kid", "KID", ".2f"), ("precision", "precision", ".2f"),
            ("recall", "recall", ".2f"), ("class_accuracy", "class accuracy", ".1%")]
 
 
@@ -33,7 +33,7 @@ def fmt(vals, spec):
 def row(label, names):
     ms = [load(n) for n in names]
     cells = [fmt([m[k] for m, _, _ in ms], spec) for k, _, spec in METRICS]
-    cells.append(fmt([m["modes_covered"] for m, _, _ in ms], "d") + f"/{ms[0][0]['modes']}")
+    cells.append(fmt([float(m["modes_covered"]) for m, _, _ in ms], ".1f") + f" of {ms[0][0]['modes']}")
     cells.append(f"{ms[0][1][-1]['step']}")
     cells.append(fmt([w / 60 for _, _, w in ms], ".1f"))
     cells.append(fmt([u / 60 for u in (cpu_seconds(n) for n in names)], ".1f"))

@@ -5,7 +5,7 @@
 # Equal time: at equal parameters the R3GAN baseline's wider high-resolution stages take 1.6x longer per
 # step (2.7 s against 1.7 s, measured side by side), so it gets 625 steps to the MP-GAN's 1000, each on its
 # own full schedule. MP learning rate: 3e-3 at batch 32 (EDM2's and R3GAN2's 1e-2 is for batches of
-# 512-4096; run mp-s0 keeps the 1e-2 result for the ablation table). R3GAN: its paper's 2e-4.
+# 512-4096; run mp-s0 keeps the 1e-2 result for the ablation table). R3GAN: its paper's 2e-4, and 6e-4.
 # Usage: benchmarks/run_gan.sh   (runs under runs/gan-bench, metrics in benchmarks/results/gan)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,5 +26,7 @@ R3=(--variant r3gan --widths 192,176,144,96 --steps 625)   # 1,676,515 parameter
 lane_a() { run mp3-s0 --seed 0 "${MP[@]}"; run r3gan-s1 --seed 1 "${R3[@]}"; run mp3-no-weight_norm --seed 0 "${MP[@]}" --ablate weight_norm,centering; }
 lane_b() { run r3gan-s0 --seed 0 "${R3[@]}"; run mp3-s1 --seed 1 "${MP[@]}"; run mp3-no-mp_residual --seed 0 "${MP[@]}" --ablate mp_residual; }
 lane_a & lane_b & wait
-run mp-s0 --seed 0 --steps 1000   # the MP-GAN at lr 1e-2 (its default), for the ablation table
+R36=(--variant r3gan --widths 192,176,144,96 --steps 625 --lr 0.0006)   # the baseline's second learning rate
+run mp-s0 --seed 0 --steps 1000 --lr 0.01 & run r3gan6-s0 --seed 0 "${R36[@]}" & wait   # lr 1e-2: ablation row
+run r3gan6-s1 --seed 1 "${R36[@]}"
 echo done
