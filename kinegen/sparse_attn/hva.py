@@ -279,12 +279,6 @@ class HVAttention(_ClusteredSparseAttention):
 
     def __init__(self, config: HVAConfig | None = None):
         super().__init__(config or HVAConfig())
-        self._roots: dict[str, torch.Tensor] = {}  # the merge of the last anchor call, per side
-        self._anchor = True
-
-    def reset(self) -> None:
-        super().reset()
-        self._roots.clear()
 
     def _kernels(self, x):
         """(assign, update) functions: the Triton kernels, or None for the torch reference."""
@@ -307,24 +301,20 @@ class HVAttention(_ClusteredSparseAttention):
         else:
             qs, eq = refine(q, self.q_state, grid, cfg.q_window, cfg.per_window, cfg.reassign, fa, fu)
             ks, ek = refine(k, self.k_state, grid, cfg.k_window, cfg.per_window, cfg.reassign, fa, fu)
-        self._anchor = anchor
         return qs, ks, {"anchor": anchor, "distance_evals": eq + ek}
 
     def _merge(self, x, state):
-        """Merge at anchor calls; between anchors the same merge applies to the refined labels."""
+        """Merge every call: re-merging the refined clusters keeps tiles full (reusing the anchor's merge
+        between anchors let tile efficiency fall from 0.89 to 0.81 and the error rise, benchmarks/)."""
         labels, centroids, sizes = super()._merge(x, state)
         if not self.config.merge:
             return labels, centroids, sizes
         G, N = labels.shape
         D = x.shape[-1]
-        side = "q" if state is self.q_state else "k"
-        root = self._roots.get(side) if not self._anchor else None
-        if root is None or root.shape != sizes.shape:
-            xf = x.reshape(G, N, D).float()
-            err = (xf - torch.gather(centroids.float(), 1, labels.unsqueeze(-1).expand(-1, -1, D))).square().sum(-1)
-            root = B.merge_clusters(centroids, sizes, self.config.tile, err.mean(-1), self.config.merge_tau,
-                                    self.config.merge_rounds)
-            self._roots[side] = root
+        xf = x.reshape(G, N, D).float()
+        err = (xf - torch.gather(centroids.float(), 1, labels.unsqueeze(-1).expand(-1, -1, D))).square().sum(-1)
+        root = B.merge_clusters(centroids, sizes, self.config.tile, err.mean(-1), self.config.merge_tau,
+                                self.config.merge_rounds)
         merged = torch.gather(root, 1, labels)
         c, n = update_centroids(x.reshape(1, G, N, D), merged.unsqueeze(0), centroids.unsqueeze(0))
         return merged, c[0], n[0].long()
