@@ -203,16 +203,15 @@ def _install(pipe_or_transformer, name: str, config, make_attention, run: RunInf
         _is_stateful = True
 
         def __init__(self, ctrl):
+            import inspect
+
             super().__init__()
             self.ctrl = ctrl
             self.state_manager = ctrl.state
+            self.signature = inspect.signature(type(ctrl.transformer).forward)  # once, not per forward
 
         def pre_forward(self, module, *args, **kwargs):
-            bound = dict(kwargs)
-            if args:
-                import inspect
-
-                bound = inspect.signature(type(module).forward).bind_partial(module, *args, **kwargs).arguments
+            bound = self.signature.bind_partial(module, *args, **kwargs).arguments if args else dict(kwargs)
             self.ctrl.begin(bound)
             return args, kwargs
 

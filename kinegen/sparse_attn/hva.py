@@ -210,13 +210,10 @@ class _ClusteredSparseAttention(torch.nn.Module):
                 text_valid = tv.to(torch.bool).repeat_interleave(H, 0)  # [G, n_text]
             lq, lk, keep, nq, nk = _add_text_cluster(lq, lk, keep, nq, nk, text_tokens, text_valid)
         Kq, Kk = keep.shape[1], keep.shape[2]
-        pq = B.permutation(lq, Kq, cfg.tile)
-        pk = B.permutation(lk, Kk, cfg.tile)
-        L = _padded_length(max(pq.length, pk.length), N, cfg.tile)
-        if pq.length != L:
-            pq = B.permutation(lq, Kq, cfg.tile, L)
-        if pk.length != L:
-            pk = B.permutation(lk, Kk, cfg.tile, L)
+        needed = cfg.tile * int(max(B.num_tiles(nq, cfg.tile).sum(-1).max(), B.num_tiles(nk, cfg.tile).sum(-1).max()))
+        L = _padded_length(needed, N, cfg.tile)
+        pq = B.permutation(lq, Kq, cfg.tile, L)
+        pk = B.permutation(lk, Kk, cfg.tile, L)
         mask = B.tile_mask(keep, pq, pk)
         layout = layout_from_tile_mask(mask.view(Bb, H, L // cfg.tile, L // cfg.tile), cfg.tile,
                                        (pk.slot_token >= 0).view(Bb, H, L))
