@@ -165,7 +165,8 @@ def test_permutation_puts_clusters_on_whole_tiles_and_round_trips():
         toks = toks[toks >= 0]
         assert cl == -1 and len(toks) == 0 or (labels[0, toks] == cl).all()
     x = torch.randn(2, 50, 3)
-    assert torch.equal(B.scatter_slots(B.gather_slots(x, p.slot_token), p.slot_token, 50), x)
+    assert torch.equal(p.slot_token.gather(1, p.token_slot), torch.arange(50).expand(2, 50))  # inverse
+    assert torch.equal(B.scatter_slots(B.gather_slots(x, p.slot_token), p.token_slot), x)
 
 
 def _dense(q, k, v):

@@ -65,7 +65,7 @@ class _Controller:
         self.layout = None
         self.sparse_calls = 0
         self.dense_calls = 0
-        self.layer_stats: dict[tuple[str, int], dict] = {}  # (cache context, layer) -> last call's stats
+        self.layer_stats: dict[tuple[str, int], Any] = {}  # (cache context, layer) -> its attention module
 
     def branch(self) -> _BranchState:
         from diffusers.hooks.hooks import CacheContext
@@ -162,7 +162,8 @@ class _WrappedProcessor:
             raise RuntimeError(f"sparse attention did not find this layer's attention call ({type(self.original)}); "
                                "the processor must use SDPA (diffusers' native backend).")
         self.ctrl.sparse_calls += 1
-        self.ctrl.layer_stats[(self.ctrl.state._context.name, self.layer)] = attn.last_stats
+        # The module, not its stats: reading stats waits for the GPU, so they are read once, in stats().
+        self.ctrl.layer_stats[(self.ctrl.state._context.name, self.layer)] = attn
         return out
 
 
@@ -253,7 +254,7 @@ def _install(pipe_or_transformer, name: str, config, make_attention, run: RunInf
     def stats():
         out = {"sparse_calls": sum(c.sparse_calls for c in controllers),
                "dense_calls": sum(c.dense_calls for c in controllers)}
-        per_layer = [s for c in controllers for s in c.layer_stats.values()]
+        per_layer = [a.last_stats for c in controllers for a in c.layer_stats.values()]
         if per_layer:
             for key in ("density", "tile_efficiency", "clustering_s", "attention_s", "layout_s"):
                 out[key] = float(sum(s[key] for s in per_layer) / len(per_layer))

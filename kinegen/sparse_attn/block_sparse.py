@@ -59,16 +59,21 @@ class BlockLayout:
 
 
 def layout_from_tile_mask(mask: torch.Tensor, tile: int, key_valid: torch.Tensor) -> BlockLayout:
-    """``[B, H, QT, KT]`` bool tile mask -> :class:`BlockLayout` (like flex's ``_dense_to_ordered``, vectorised)."""
+    """``[B, H, QT, KT]`` bool tile mask -> :class:`BlockLayout`: per query tile, the kept key tiles in
+    ascending order, then the others (a running count gives each its position: the stable partition
+    that a sort would give, without the sort)."""
     if mask.dim() != 4 or mask.dtype != torch.bool:
         raise ValueError(f"mask must be a [B, H, QT, KT] bool tensor; got {tuple(mask.shape)} {mask.dtype}")
     if key_valid.shape != (*mask.shape[:2], mask.shape[-1] * tile):
         raise ValueError(f"key_valid must have shape {(*mask.shape[:2], mask.shape[-1] * tile)} "
                          f"(B, H, KT * tile); got {tuple(key_valid.shape)}")
-    num = mask.sum(-1, dtype=torch.int32)
-    # A stable sort of "not kept" puts the kept tile indices first, in ascending order.
-    indices = torch.argsort((~mask).to(torch.uint8), dim=-1, stable=True).to(torch.int32)
-    return BlockLayout(tile, num.contiguous(), indices.contiguous(), key_valid.to(torch.bool))
+    cols = torch.arange(mask.shape[-1], dtype=torch.int32, device=mask.device).expand(mask.shape)
+    kept_upto = mask.cumsum(-1, dtype=torch.int32)  # kept tiles among 0..j
+    num = kept_upto[..., -1:]
+    # Kept tile j goes to position kept_upto - 1, a dropped one after all the kept: num + (j - kept_upto).
+    pos = torch.where(mask, kept_upto - 1, num + cols - kept_upto).long()
+    indices = torch.empty_like(cols).scatter_(-1, pos, cols)
+    return BlockLayout(tile, num[..., 0].contiguous(), indices, key_valid.to(torch.bool))
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: BlockLayout) -> None:
@@ -168,12 +173,12 @@ def _triton_kernel():
             k = tl.load(K + bh * k_len * D + keys[:, None] * D + dims[None, :], mask=dmask, other=0.0)
             v = tl.load(V + bh * k_len * D + keys[:, None] * D + dims[None, :], mask=dmask, other=0.0)
             valid = tl.load(KeyValid + bh * k_len + keys) != 0
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # log2-scaled scores
             s = tl.where(valid[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid key yet: keep p = alpha = 0
-            p = tl.exp(s - m_safe[:, None])
-            alpha = tl.exp(m_i - m_safe)
+            p = tl.math.exp2(s - m_safe[:, None])
+            alpha = tl.math.exp2(m_i - m_safe)
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
@@ -183,9 +188,17 @@ def _triton_kernel():
     return kernel
 
 
-def block_sparse_attention_triton(q, k, v, layout: BlockLayout, scale: float | None = None) -> torch.Tensor:
+LOG2E = 1.4426950408889634
+
+
+def block_sparse_attention_triton(q, k, v, layout: BlockLayout, scale: float | None = None, *,
+                                  num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     """Triton block-sparse FlashAttention (see :func:`_triton_kernel`); the torch reference is
     :func:`block_sparse_attention_reference`. fp32 inputs use IEEE fp32 dots (no TF32); accumulation is fp32.
+
+    ``num_warps`` / ``num_stages`` default to 8 / 3 for 128-row tiles and 4 / 2 below: the best or within
+    2% of it in the sweep on an H200 (benchmarks/gpu_sparse_attention.md), and within shared memory on
+    smaller GPUs.
     """
     _check(q, k, v, layout)
     if q.device.type != "cuda" and not _interpreting():
@@ -200,11 +213,12 @@ def block_sparse_attention_triton(q, k, v, layout: BlockLayout, scale: float | N
     qt, kt = layout.kv_indices.shape[-2:]
     lay = layout.to(q.device)
     out = torch.empty_like(q)
+    launch = {"num_warps": num_warps or (8 if t >= 128 else 4), "num_stages": num_stages or (3 if t >= 128 else 2)}
     _triton_kernel()[(qt, b * h)](
         q, k, v, out, lay.kv_num_blocks.int().contiguous(),
-        lay.kv_indices.int().contiguous(), lay.key_valid.to(torch.uint8).contiguous(), _scale(q, scale),
+        lay.kv_indices.int().contiguous(), lay.key_valid.to(torch.uint8).contiguous(), _scale(q, scale) * LOG2E,
         q_len, k_len, qt, kt, TILE=t, D=d, BLOCK_D=max(16, 1 << (d - 1).bit_length()),
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **launch)
     return out
 
 

@@ -41,40 +41,42 @@ def merge_clusters(centroids: torch.Tensor, sizes: torch.Tensor, tile: int, mse:
     """Parallel agglomerative merging of clusters into fuller tiles.
 
     Args:
-        centroids: ``[G, K, D]`` (G = batch x heads); sizes: ``[G, K]`` tokens per cluster.
+        centroids: ``[G, K, D]`` (G = batch x heads; queries and keys may be stacked along G, padded
+            with empty clusters); sizes: ``[G, K]`` tokens per cluster (0: empty, never merged).
         mse: ``[G]`` the clustering's mean squared distance of tokens to their centroid.
     Returns:
         ``[G, K]`` the surviving cluster each cluster was merged into (itself if not merged).
+
+    Each round is a fixed set of whole-tensor operations (no count of pairs is read back), so a GPU runs
+    the rounds without waiting on the host.
     """
     G, K, _ = centroids.shape
-    c = centroids.float().clone()
-    n = sizes.float().clone()
-    root = torch.arange(K, device=c.device).expand(G, K).clone()
+    c = centroids.float()
+    n = sizes.float()
     idx = torch.arange(K, device=c.device)
+    root = idx.expand(G, K)
+    off_diagonal = idx.unsqueeze(-1) != idx
+    limit = tau * mse.float().view(G, 1, 1)
     for _ in range(rounds):
-        alive = n > 0
+        n_ab = n.unsqueeze(-1) + n.unsqueeze(-2)
         tiles = num_tiles(n, tile)
-        saves = (tiles.unsqueeze(-1) + tiles.unsqueeze(-2)) > num_tiles(n.unsqueeze(-1) + n.unsqueeze(-2), tile)
-        ward = (n.unsqueeze(-1) * n.unsqueeze(-2) / (n.unsqueeze(-1) + n.unsqueeze(-2)).clamp(min=1)
-                * torch.cdist(c, c).square())
-        allowed = (saves & alive.unsqueeze(-1) & alive.unsqueeze(-2) & (idx != idx.unsqueeze(-1))
-                   & (ward <= tau * mse.view(G, 1, 1) * (n.unsqueeze(-1) + n.unsqueeze(-2))))
-        cost = ward.masked_fill(~allowed, float("inf"))
-        best_cost, best = cost.min(-1)
-        has = torch.isfinite(best_cost)
-        mutual = has & (torch.gather(best, 1, best) == idx) & (idx < best)
-        if not mutual.any():
+        # Saves a tile (never true with an empty cluster: it occupies no tile).
+        saves = (tiles.unsqueeze(-1) + tiles.unsqueeze(-2)) > num_tiles(n_ab, tile)
+        sq = c.square().sum(-1)
+        dist2 = (sq.unsqueeze(-1) + sq.unsqueeze(-2) - 2 * c @ c.transpose(1, 2)).clamp(min=0)
+        ward = n.unsqueeze(-1) * n.unsqueeze(-2) / n_ab.clamp(min=1) * dist2  # increase in squared error
+        allowed = saves & off_diagonal & (ward <= limit * n_ab)
+        best_cost, best = ward.masked_fill(~allowed, float("inf")).min(-1)
+        pair = torch.isfinite(best_cost) & (torch.gather(best, 1, best) == idx)  # mutually chosen
+        keeper, absorbed = pair & (idx < best), pair & (idx > best)  # b merges into a for a < b
+        if not c.is_cuda and not keeper.any():  # (on a GPU the check would stall the queue; rounds are cheap)
             break
-        # Merge b into a for every mutual pair (a < b): weighted centroid, summed size.
-        g, a = mutual.nonzero(as_tuple=True)
-        b = best[g, a]
-        na, nb = n[g, a], n[g, b]
-        c[g, a] = (c[g, a] * na.unsqueeze(-1) + c[g, b] * nb.unsqueeze(-1)) / (na + nb).unsqueeze(-1)
-        n[g, a] = na + nb
-        n[g, b] = 0
-        target = idx.expand(G, K).clone()
-        target[g, b] = a
-        root = torch.gather(target, 1, root)
+        nb = torch.gather(n, 1, best)
+        cb = torch.gather(c, 1, best.unsqueeze(-1).expand_as(c))
+        c = torch.where(keeper.unsqueeze(-1), (c * n.unsqueeze(-1) + cb * nb.unsqueeze(-1))
+                        / (n + nb).clamp(min=1).unsqueeze(-1), c)
+        n = torch.where(absorbed, 0.0, torch.where(keeper, n + nb, n))
+        root = torch.gather(torch.where(absorbed, best, idx), 1, root)
     return root
 
 
@@ -91,37 +93,50 @@ def cluster_scores(cq: torch.Tensor, nq: torch.Tensor, ck: torch.Tensor, nk: tor
 
 def select_blocks(P: torch.Tensor, nq: torch.Tensor, nk: torch.Tensor, tile: int, *, density: float | None = None,
                   top_p: float | None = None, min_keys: int = 1) -> torch.Tensor:
-    """Kept (query cluster, key cluster) pairs ``[G, Kq, Kk]`` bool, by ``top_p`` or a ``density`` budget."""
+    """Kept (query cluster, key cluster) pairs ``[G, Kq, Kk]`` bool, by ``top_p`` or a ``density`` budget.
+
+    The density budget is spent greedily by expected mass per executed tile: the pairs are sorted once,
+    then each pass takes, in that order, every pair that still fits; later passes fill what a too-big
+    pair left. Work is counted in whole tiles (integers), so the running total is exact.
+    """
     G, Kq, Kk = P.shape
     q_alive, k_alive = nq > 0, nk > 0
-    order = P.argsort(-1, descending=True)
-    rank = torch.empty_like(order)
-    rank.scatter_(-1, order, torch.arange(Kk, device=P.device).expand_as(order))
-    keep = (rank < min_keys) & k_alive.unsqueeze(1)
-    if top_p is not None:
+    live = q_alive.unsqueeze(-1) & k_alive.unsqueeze(1)
+    if top_p is None:
+        keep = torch.zeros_like(live).scatter_(-1, P.topk(min(min_keys, Kk), dim=-1).indices, True)
+    else:
+        order = P.argsort(-1, descending=True)
+        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(Kk, device=P.device).expand_as(order))
         sorted_p = torch.gather(P, -1, order)
         before = sorted_p.cumsum(-1) - sorted_p  # mass of the better pairs
-        keep |= torch.gather(before < top_p, -1, rank)
+        keep = (rank < min_keys) | torch.gather(before < top_p, -1, rank)
+    keep &= live
     if density is not None:
-        cost = (num_tiles(nq, tile).unsqueeze(-1) * num_tiles(nk, tile).unsqueeze(1)).float() * tile * tile
-        value = P * nq.unsqueeze(-1).float()
-        ratio = (value / cost.clamp(min=1)).masked_fill(~(q_alive.unsqueeze(-1) & k_alive.unsqueeze(1)), -1.0)
-        n_total = nq.float().sum(-1)  # tokens per group
-        budget = density * n_total.square() - (cost * keep).sum((-1, -2))
-        flat_cost = cost.flatten(1)
-        for _ in range(4):  # greedy by mass per executed tile; later passes fill what a too-big pair left
-            flat_ratio = ratio.masked_fill(keep, -1.0).flatten(1)
-            fits = (flat_ratio > 0) & (flat_cost <= budget.unsqueeze(-1))
-            order2 = flat_ratio.masked_fill(~fits, -2.0).argsort(-1, descending=True)
-            spent = torch.gather(flat_cost * fits, 1, order2).cumsum(-1)
-            take = (spent <= budget.unsqueeze(-1)) & torch.gather(fits, 1, order2)
-            if not take.any():
+        tiles = num_tiles(nq, tile).unsqueeze(-1) * num_tiles(nk, tile).unsqueeze(1)  # executed tiles per pair
+        ratio = (P * nq.unsqueeze(-1).float() / tiles.clamp(min=1)).masked_fill(~live, -1.0)
+        n_total = nq.sum(-1).double()
+        budget = torch.floor(density * n_total.square() / tile ** 2).long() - (tiles * keep).sum((-1, -2))
+        order = ratio.flatten(1).argsort(-1, descending=True)
+        s_tiles, s_ratio = tiles.flatten(1).gather(1, order), ratio.flatten(1).gather(1, order)
+        s_keep = keep.flatten(1).gather(1, order)
+        for _ in range(4):
+            fits = (s_ratio > 0) & ~s_keep & (s_tiles <= budget.unsqueeze(-1))
+            spent = _row_cumsum(s_tiles * fits)
+            take = fits & (spent <= budget.unsqueeze(-1))
+            if not P.is_cuda and not take.any():  # (a GPU runs the passes rather than wait for the check)
                 break
-            extra = torch.zeros_like(take)
-            extra.scatter_(1, order2, take)
-            keep |= extra.view(G, Kq, Kk)
-            budget = budget - (flat_cost * extra).sum(-1)
-    return keep & q_alive.unsqueeze(-1) & k_alive.unsqueeze(1)
+            s_keep |= take
+            budget = budget - (s_tiles * take).sum(-1)
+        keep = torch.zeros_like(s_keep).scatter_(1, order, s_keep).view(G, Kq, Kk)
+    return keep & live
+
+
+def _row_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """Cumulative sum along each row of an integer ``[G, M]`` tensor, as one scan over the flattened rows
+    (a GPU scans a few long rows slowly, one block per row)."""
+    flat = x.flatten().cumsum(0).view_as(x)
+    offset = torch.cat([flat.new_zeros(1), flat[:-1, -1]])
+    return flat - offset.unsqueeze(-1)
 
 
 # ---------------------------------------------------------------------------- layout
@@ -131,13 +146,15 @@ def select_blocks(P: torch.Tensor, nq: torch.Tensor, nk: torch.Tensor, tile: int
 class Permutation:
     """Cluster-contiguous, tile-padded order of one side (queries or keys).
 
-    ``slot_token[g, s]`` is the token in slot ``s`` (-1: padding); ``tile_cluster[g, t]`` the cluster
-    of tile ``t`` (-1: trailing padding tiles); ``length`` the padded length (a multiple of the tile).
+    ``slot_token[g, s]`` is the token in slot ``s`` (-1: padding); ``token_slot[g, i]`` the slot of token
+    ``i`` (the inverse); ``tile_cluster[g, t]`` the cluster of tile ``t`` (-1: trailing padding tiles);
+    ``length`` the padded length (a multiple of the tile).
     """
 
     slot_token: torch.Tensor
     tile_cluster: torch.Tensor
     length: int
+    token_slot: torch.Tensor
 
 
 def permutation(labels: torch.Tensor, num_clusters: int, tile: int, length: int | None = None) -> Permutation:
@@ -148,9 +165,8 @@ def permutation(labels: torch.Tensor, num_clusters: int, tile: int, length: int 
     sizes.scatter_add_(1, labels, torch.ones_like(labels))
     tiles = num_tiles(sizes, tile)
     tile_start = tiles.cumsum(-1) - tiles  # [G, K] first tile of each cluster
-    total_tiles = int(tiles.sum(-1).max())
-    if length is None:
-        length = max(total_tiles, 1) * tile
+    if length is None:  # (reads the device; callers on a GPU pass a length)
+        length = max(int(tiles.sum(-1).max()), 1) * tile
     order = labels.argsort(dim=-1, stable=True)  # tokens grouped by cluster
     sorted_labels = torch.gather(labels, 1, order)
     first = sizes.cumsum(-1) - sizes  # position of each cluster's first token in `order`
@@ -158,14 +174,13 @@ def permutation(labels: torch.Tensor, num_clusters: int, tile: int, length: int 
     slot = torch.gather(tile_start, 1, sorted_labels) * tile + rank
     slot_token = torch.full((G, length), -1, dtype=torch.long, device=dev)
     slot_token.scatter_(1, slot, order)
+    token_slot = torch.empty_like(slot).scatter_(1, order, slot)
     n_tiles = length // tile
-    tile_cluster = torch.full((G, n_tiles), -1, dtype=torch.long, device=dev)
     t = torch.arange(n_tiles, device=dev)
     # Tile t belongs to cluster k when tile_start[k] <= t < tile_start[k] + tiles[k].
     inside = (t.view(1, 1, -1) >= tile_start.unsqueeze(-1)) & (t.view(1, 1, -1) < (tile_start + tiles).unsqueeze(-1))
-    has = inside.any(1)
-    tile_cluster[has] = inside.float().argmax(1)[has]
-    return Permutation(slot_token, tile_cluster, length)
+    tile_cluster = torch.where(inside.any(1), inside.float().argmax(1), -1)
+    return Permutation(slot_token, tile_cluster, length, token_slot)
 
 
 def tile_mask(keep: torch.Tensor, pq: Permutation, pk: Permutation) -> torch.Tensor:
@@ -178,25 +193,25 @@ def tile_mask(keep: torch.Tensor, pq: Permutation, pk: Permutation) -> torch.Ten
 
 
 def gather_slots(x: torch.Tensor, slot_token: torch.Tensor) -> torch.Tensor:
-    """``x[G, N, D]`` -> ``[G, L, D]`` in slot order (padding slots zero)."""
-    out = torch.gather(x, 1, slot_token.clamp(min=0).unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-    return out.masked_fill((slot_token < 0).unsqueeze(-1), 0)
+    """``x[G, N, D]`` -> ``[G, L, D]`` in slot order. Padding slots hold a copy of token 0: the layout's
+    ``key_valid`` keeps them out of every softmax and their query rows are dropped on the way back, so
+    they need not be zeroed (a pass over the whole padded tensor)."""
+    return torch.gather(x, 1, slot_token.clamp(min=0).unsqueeze(-1).expand(-1, -1, x.shape[-1]))
 
 
-def scatter_slots(y: torch.Tensor, slot_token: torch.Tensor, n: int) -> torch.Tensor:
-    """Inverse of :func:`gather_slots` for the valid slots: ``[G, L, D]`` -> ``[G, N, D]``."""
-    G, L, D = y.shape
-    out = torch.zeros(G, n + 1, D, dtype=y.dtype, device=y.device)  # row n collects the padding
-    idx = torch.where(slot_token < 0, n, slot_token)
-    out.scatter_(1, idx.unsqueeze(-1).expand(-1, -1, D), y)
-    return out[:, :n]
+def scatter_slots(y: torch.Tensor, token_slot: torch.Tensor) -> torch.Tensor:
+    """Back from slot order: ``y[G, L, D]`` -> ``[G, N, D]``, a gather by each token's slot (a scatter
+    would send every padding slot to one place, which serialises on a GPU)."""
+    return torch.gather(y, 1, token_slot.unsqueeze(-1).expand(-1, -1, y.shape[-1]))
 
 
-def work_stats(keep: torch.Tensor, nq: torch.Tensor, nk: torch.Tensor, tile: int, n_tokens: int) -> dict[str, float]:
-    """Executed density (share of dense work, padding included) and tile efficiency (useful / executed)."""
+def work_stats(keep: torch.Tensor, nq: torch.Tensor, nk: torch.Tensor, tile: int,
+               n_tokens: int) -> dict[str, torch.Tensor]:
+    """Executed density (share of dense work, padding included) and tile efficiency (useful / executed),
+    as 0-d tensors on the device (read them when needed; reading forces a GPU sync)."""
     useful = (keep * (nq.unsqueeze(-1) * nk.unsqueeze(1)).float()).sum()
     executed = (keep * (num_tiles(nq, tile).unsqueeze(-1) * num_tiles(nk, tile).unsqueeze(1)).float()).sum() * tile ** 2
     groups = keep.shape[0]
-    return {"density": float(executed / (groups * n_tokens ** 2)),
-            "useful_density": float(useful / (groups * n_tokens ** 2)),
-            "tile_efficiency": float(useful / executed.clamp(min=1))}
+    return {"density": executed / (groups * n_tokens ** 2),
+            "useful_density": useful / (groups * n_tokens ** 2),
+            "tile_efficiency": useful / executed.clamp(min=1)}

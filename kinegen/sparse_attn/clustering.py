@@ -50,9 +50,20 @@ class WindowGrid:
     order: torch.Tensor
     neighbours: torch.Tensor
 
+    _on_device: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
     @property
     def num_windows(self) -> int:
         return self.counts[0] * self.counts[1] * self.counts[2]
+
+    def on(self, device, name: str, make=None) -> torch.Tensor:
+        """Tensor ``name`` (an attribute, or ``make(self)``) on ``device``, copied once and cached: a
+        host-to-device copy per call would stall the GPU queue at every step and layer."""
+        key = (str(device), name)
+        if key not in self._on_device:
+            value = make(self) if make is not None else getattr(self, name)
+            self._on_device[key] = value.to(device)
+        return self._on_device[key]
 
 
 @functools.lru_cache(maxsize=64)
@@ -90,6 +101,19 @@ def candidate_centroids(wg: WindowGrid, per_window: int) -> torch.Tensor:
     return torch.where(nb >= 0, cand, -1).reshape(wg.num_windows, -1)
 
 
+def grid_labels(wg: WindowGrid, per_window: int) -> torch.Tensor:
+    """``[N]`` the grid-start cluster of each token: window ``w``'s tokens (raster order within the window)
+    cut into ``per_window`` equal, consecutive slices."""
+    order = wg.order
+    slot = torch.arange(order.shape[1])
+    n_valid = (order >= 0).sum(1, keepdim=True)
+    part = (slot.unsqueeze(0) * per_window // n_valid.clamp(min=1)).clamp(max=per_window - 1)
+    label = torch.arange(order.shape[0]).unsqueeze(1) * per_window + part
+    labels = torch.zeros(len(wg.window_of_token), dtype=torch.long)
+    labels[order[order >= 0]] = label[order >= 0]
+    return labels
+
+
 # ---------------------------------------------------------------------------- assignment and update
 
 
@@ -99,7 +123,7 @@ class Assignment:
 
     labels: torch.Tensor
     margin: torch.Tensor
-    distance_evals: int
+    distance_evals: int | torch.Tensor  # a 0-d device tensor where counting on the host would need a sync
 
 
 def assign_local(x: torch.Tensor, centroids: torch.Tensor, wg: WindowGrid, per_window: int,
@@ -115,10 +139,10 @@ def assign_local(x: torch.Tensor, centroids: torch.Tensor, wg: WindowGrid, per_w
     window (``||x||^2 - 2 x.c + ||c||^2``); a subset runs the same way on a window table of its tokens.
     """
     B, Hh, N, D = x.shape
-    cand = candidate_centroids(wg, per_window).to(x.device)  # [nW, C]
+    cand = wg.on(x.device, f"cand{per_window}", lambda w: candidate_centroids(w, per_window))  # [nW, C]
     labels = torch.full((B, Hh, N), -1, dtype=torch.long, device=x.device)
     margin = torch.full((B, Hh, N), float("inf"), dtype=x.dtype, device=x.device)
-    order = wg.order.to(x.device) if tokens is None else subset_table(wg, tokens.to(x.device))  # [nW, T]
+    order = wg.on(x.device, "order") if tokens is None else subset_table(wg, tokens.to(x.device))  # [nW, T]
     xf, cf = x.float(), centroids.float()
     xw = xf[:, :, order.clamp(min=0)]  # [B, H, nW, T, D]
     cw = cf[:, :, cand.clamp(min=0)]  # [B, H, nW, C, D]
@@ -136,12 +160,16 @@ def assign_local(x: torch.Tensor, centroids: torch.Tensor, wg: WindowGrid, per_w
 def subset_table(wg: WindowGrid, tokens: torch.Tensor) -> torch.Tensor:
     """``[num_windows, max_tokens]`` holding only ``tokens``, each in its window's row (-1 padding): a subset
     is assigned window by window like the full set, at a cost proportional to its size."""
-    win = wg.window_of_token.to(tokens.device)[tokens]
+    win = wg.on(tokens.device, "window_of_token")[tokens]
     sorted_win, idx = torch.sort(win, stable=True)
-    counts = torch.bincount(sorted_win, minlength=wg.num_windows)
+    counts = torch.zeros(wg.num_windows, dtype=torch.long, device=tokens.device).scatter_add_(
+        0, sorted_win, torch.ones_like(sorted_win))  # (bincount would read its maximum back from a GPU)
     first = counts.cumsum(0) - counts
     slot = torch.arange(len(tokens), device=tokens.device) - first[sorted_win]
-    table = torch.full((wg.num_windows, max(1, int(counts.max()))), -1, dtype=torch.long, device=tokens.device)
+    # On a GPU the table keeps the full window width (no device-to-host read of the largest count, which
+    # would stall the queue; the kernel skips the empty slots). On the CPU the exact width is cheaper.
+    width = wg.order.shape[1] if tokens.is_cuda else max(1, int(counts.max()))
+    table = torch.full((wg.num_windows, width), -1, dtype=torch.long, device=tokens.device)
     table[sorted_win, slot] = tokens[idx]
     return table
 
@@ -174,20 +202,13 @@ def update_centroids(x: torch.Tensor, labels: torch.Tensor,
     return new.to(x.dtype), sizes
 
 
-def grid_init(x: torch.Tensor, wg: WindowGrid, per_window: int) -> torch.Tensor:
+def grid_init(x: torch.Tensor, wg: WindowGrid, per_window: int, update_fn=None) -> torch.Tensor:
     """Centroids on the regular 3D grid: window ``w``'s ``per_window`` centroids are the means of equal,
     consecutive slices of its tokens (raster order within the window). ``[B, H, num_windows * per_window, D]``."""
     B, Hh, N, D = x.shape
-    order = wg.order.to(x.device)  # [nW, T]
-    T = order.shape[1]
-    slot = torch.arange(T, device=x.device)
-    n_valid = (order >= 0).sum(1, keepdim=True)  # [nW, 1]
-    part = (slot.unsqueeze(0) * per_window // n_valid.clamp(min=1)).clamp(max=per_window - 1)  # [nW, T]
-    label = (torch.arange(order.shape[0], device=x.device).unsqueeze(1) * per_window + part)
-    labels = torch.zeros(N, dtype=torch.long, device=x.device)
-    labels[order[order >= 0]] = label[order >= 0]
+    labels = wg.on(x.device, f"grid_labels{per_window}", lambda w: grid_labels(w, per_window))
     empty = torch.zeros(B, Hh, wg.num_windows * per_window, D, dtype=x.dtype, device=x.device)
-    centroids, _ = update_centroids(x, labels.expand(B, Hh, N), empty)
+    centroids, _ = (update_fn or update_centroids)(x, labels.expand(B, Hh, N).contiguous(), empty)
     return centroids
 
 
@@ -216,7 +237,7 @@ def local_kmeans(x: torch.Tensor, grid: tuple[int, int, int], window: tuple[int,
     wg = window_grid(tuple(grid), tuple(window))
     if wg.grid[0] * wg.grid[1] * wg.grid[2] != x.shape[2]:
         raise ValueError(f"grid {grid} has {math.prod(grid)} tokens but x has {x.shape[2]}.")
-    centroids = grid_init(x, wg, per_window)
+    centroids = grid_init(x, wg, per_window, update_fn)
     evals = 0
     a = None
     for _ in range(max(1, iters)):

@@ -23,6 +23,7 @@ extra key cluster every query attends to, and their own queries attend to every 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from typing import Any
@@ -30,7 +31,7 @@ from typing import Any
 import torch
 
 from . import blocks as B
-from .clustering import ClusterState, global_kmeans, local_kmeans, refine, update_centroids
+from .clustering import ClusterState, global_kmeans, local_kmeans, refine
 
 
 @dataclasses.dataclass
@@ -55,6 +56,8 @@ class HVAConfig:
         backend: block-sparse execution: ``auto`` (Triton on CUDA, FlexAttention on CPU), ``flex``,
             ``triton`` or ``dense`` (masked reference).
         kernel: clustering kernel: ``auto`` (Triton on CUDA, torch elsewhere), ``torch`` or ``triton``.
+        compile: run cluster merging through ``torch.compile`` (on a GPU this fuses its few hundred small
+            operations per call into a few kernels; compiles once per shape).
         dense_warmup: in pipelines, the share of denoising steps (the first ones) run with dense attention.
         dense_layers: in pipelines, leading transformer layers that stay dense.
     """
@@ -74,6 +77,7 @@ class HVAConfig:
     merge_rounds: int = 8
     backend: str = "auto"
     kernel: str = "auto"
+    compile: bool = False
     dense_warmup: float = 0.2
     dense_layers: int = 1
 
@@ -136,9 +140,41 @@ def _check_dense(warmup, layers):
         raise ValueError(f"dense_layers must be >= 0; got {layers}")
 
 
-def _sync(x: torch.Tensor) -> None:
-    if x.is_cuda:
-        torch.cuda.synchronize(x.device)
+class _Timer:
+    """Stage times of one call without stalling a GPU: CUDA events, read only when the stats are read
+    (``time.perf_counter`` on the CPU)."""
+
+    def __init__(self, x: torch.Tensor):
+        self.cuda = x.is_cuda
+        self.marks: list = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def seconds(self) -> list[float]:
+        """Seconds between consecutive marks."""
+        if self.cuda:
+            self.marks[-1].synchronize()
+            return [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks[:-1], self.marks[1:], strict=True)]
+        return [b - a for a, b in zip(self.marks[:-1], self.marks[1:], strict=True)]
+
+
+@functools.cache
+def _compiled(fn):
+    """``torch.compile(fn)`` with static shapes, built once per function and process."""
+    return torch.compile(fn, dynamic=False)
+
+
+def _host_value(key: str, value):
+    """A stats entry as a Python number (0-d tensors are read here, once, when the stats are asked for)."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0:
+        value = value.item()
+    return int(value) if key in ("distance_evals", "q_clusters", "k_clusters") else value
 
 
 class _ClusteredSparseAttention(torch.nn.Module):
@@ -150,7 +186,23 @@ class _ClusteredSparseAttention(torch.nn.Module):
         self.calls = 0
         self.q_state: ClusterState | None = None
         self.k_state: ClusterState | None = None
-        self.last_stats: dict[str, Any] = {}
+        self._stats: dict[str, Any] = {}
+        self._pending: tuple[dict[str, Any], _Timer] | None = None
+
+    @property
+    def last_stats(self) -> dict[str, Any]:
+        """The last call's statistics: ``density`` (executed share of dense work, padding included),
+        ``useful_density``, ``tile_efficiency``, ``clustering_s``, ``layout_s``, ``attention_s``,
+        ``distance_evals``, ``anchor``, ``q_clusters``, ``k_clusters``, ``block_pattern`` (the first
+        head's tile mask), ``call``. Computed on the device during the call and read here, so that a
+        GPU is not stalled at every layer (reading them waits for the call to finish)."""
+        if self._pending is not None:
+            raw, timer = self._pending
+            self._pending = None
+            clustering_s, layout_s, attention_s = timer.seconds()
+            self._stats = {**{k: _host_value(k, v) for k, v in raw.items()}, "clustering_s": clustering_s,
+                           "layout_s": layout_s, "attention_s": attention_s}
+        return self._stats
 
     def reset(self) -> None:
         """Forget the clustering state (a new generation)."""
@@ -160,11 +212,16 @@ class _ClusteredSparseAttention(torch.nn.Module):
     def _cluster(self, q, k, grid) -> tuple[ClusterState, ClusterState, dict[str, Any]]:
         raise NotImplementedError
 
-    def _merge(self, x, state: ClusterState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Labels ``[G, N]``, centroids ``[G, K, D]`` and sizes ``[G, K]`` used for the layout."""
+    @staticmethod
+    def _flat(x, state: ClusterState) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Labels ``[G, N]``, centroids ``[G, K, D]`` and sizes ``[G, K]`` (G = batch x heads)."""
         Bb, H, N, D = x.shape
         return (state.labels.reshape(Bb * H, N), state.centroids.reshape(Bb * H, -1, D),
                 state.sizes.reshape(Bb * H, -1).long())
+
+    def _merge(self, q, q_state: ClusterState, k, k_state: ClusterState):
+        """The clusters the layout is built from, ``(labels, centroids, sizes)`` per side (none merged here)."""
+        return self._flat(q, q_state), self._flat(k, k_state)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: tuple[int, int, int], *,
                 scale: float | None = None, text_tokens: int = 0, text_position: str = "end",
@@ -190,16 +247,14 @@ class _ClusteredSparseAttention(torch.nn.Module):
         G = Bb * H
         scale = D ** -0.5 if scale is None else scale
         vid = slice(text_tokens, N) if text_position == "start" else slice(0, n_video)
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # once (attention processors pass views)
         qv, kv_ = q[:, :, vid], k[:, :, vid]
-        _sync(q)
-        t0 = time.perf_counter()
+        timer = _Timer(q)
+        timer.mark()
         qs, ks, info = self._cluster(qv, kv_, tuple(grid))
         self.q_state, self.k_state = qs, ks
-        lq, cq, nq = self._merge(qv, qs)
-        lk, ck, nk = self._merge(kv_, ks)
-        _sync(q)
-        clustering_s = time.perf_counter() - t0
-        t1 = time.perf_counter()
+        (lq, cq, nq), (lk, ck, nk) = self._merge(qv, qs, kv_, ks)
+        timer.mark()
         P = B.cluster_scores(cq, nq, ck, nk, scale)
         keep = B.select_blocks(P, nq, nk, cfg.tile, density=cfg.density, top_p=cfg.top_p, min_keys=cfg.min_keys)
         stats = B.work_stats(keep, nq, nk, cfg.tile, n_video)
@@ -210,8 +265,12 @@ class _ClusteredSparseAttention(torch.nn.Module):
                 text_valid = tv.to(torch.bool).repeat_interleave(H, 0)  # [G, n_text]
             lq, lk, keep, nq, nk = _add_text_cluster(lq, lk, keep, nq, nk, text_tokens, text_valid)
         Kq, Kk = keep.shape[1], keep.shape[2]
-        needed = cfg.tile * int(max(B.num_tiles(nq, cfg.tile).sum(-1).max(), B.num_tiles(nk, cfg.tile).sum(-1).max()))
-        L = _padded_length(needed, N, cfg.tile)
+        # The one value read back from the device in a call: the padded length (a bound known on the host
+        # would be up to 3x longer, and every layout step scales with it).
+        needed = cfg.tile * int(torch.maximum(B.num_tiles(nq, cfg.tile).sum(-1).max(),
+                                              B.num_tiles(nk, cfg.tile).sum(-1).max()))
+        backend = cfg.backend if cfg.backend != "auto" else ("triton" if q.is_cuda else "flex")
+        L = _padded_length(needed, N, cfg.tile) if backend == "flex" else needed
         pq = B.permutation(lq, Kq, cfg.tile, L)
         pk = B.permutation(lk, Kk, cfg.tile, L)
         mask = B.tile_mask(keep, pq, pk)
@@ -223,26 +282,23 @@ class _ClusteredSparseAttention(torch.nn.Module):
         qp = B.gather_slots(qo.reshape(G, N, D), pq.slot_token).view(Bb, H, L, D)
         kp = B.gather_slots(ko.reshape(G, N, D), pk.slot_token).view(Bb, H, L, D)
         vp = B.gather_slots(vo.reshape(G, N, D), pk.slot_token).view(Bb, H, L, D)
-        _sync(q)
-        layout_s = time.perf_counter() - t1
-        t2 = time.perf_counter()
-        op = block_sparse_attention(qp, kp, vp, layout, backend=cfg.backend, scale=scale)
-        _sync(q)
-        attention_s = time.perf_counter() - t2
-        out = B.scatter_slots(op.reshape(G, L, D), pq.slot_token, N).view(Bb, H, N, D)
+        timer.mark()
+        op = block_sparse_attention(qp, kp, vp, layout, backend=backend, scale=scale)
+        timer.mark()
+        out = B.scatter_slots(op.reshape(G, L, D), pq.token_slot).view(Bb, H, N, D)
         if text_tokens and text_position == "start":  # back from [video, text] to [text, video]
             out = torch.cat([out[:, :, n_video:], out[:, :, :n_video]], 2)
         self.calls += 1
-        self.last_stats = {**stats, **info, "clustering_s": clustering_s, "layout_s": layout_s,
-                           "attention_s": attention_s, "q_clusters": int((nq > 0).sum(-1).float().mean()),
-                           "k_clusters": int((nk > 0).sum(-1).float().mean()), "tile": cfg.tile,
-                           "block_pattern": mask[0], "call": self.calls}
+        self._pending = ({**stats, **info, "q_clusters": (nq > 0).sum(-1).float().mean(),
+                          "k_clusters": (nk > 0).sum(-1).float().mean(), "tile": cfg.tile,
+                          "block_pattern": mask[0], "call": self.calls}, timer)
         return out
 
 
 def _padded_length(needed: int, n_tokens: int, tile: int) -> int:
-    """The permuted length, from a few fixed buckets (twice the tokens, then multiples): compiled kernels see
-    a handful of shapes instead of a new one per call. Empty tiles past the clusters cost no attention work."""
+    """The permuted length for compiled FlexAttention, from a few fixed buckets (twice the tokens, then
+    multiples): it compiles for a handful of shapes instead of a new one per call. Empty tiles past the
+    clusters cost no attention work. (The Triton kernel takes any length: it gets exactly ``needed``.)"""
     unit = -(-n_tokens // tile) * tile
     return max(2, -(-needed // unit)) * unit
 
@@ -300,21 +356,40 @@ class HVAttention(_ClusteredSparseAttention):
             ks, ek = refine(k, self.k_state, grid, cfg.k_window, cfg.per_window, cfg.reassign, fa, fu)
         return qs, ks, {"anchor": anchor, "distance_evals": eq + ek}
 
-    def _merge(self, x, state):
+    def _merge(self, q, q_state, k, k_state):
         """Merge every call: re-merging the refined clusters keeps tiles full (reusing the anchor's merge
-        between anchors let tile efficiency fall from 0.89 to 0.81 and the error rise, benchmarks/)."""
-        labels, centroids, sizes = super()._merge(x, state)
+        between anchors let tile efficiency fall from 0.89 to 0.81 and the error rise, benchmarks/).
+
+        Queries and keys are merged in one call, stacked along the group axis (half the operations). All
+        of it works on the K clusters, not the N tokens: the state's centroids are the means of their
+        tokens, so the clustering's squared error is ``sum ||x||^2 - sum_k n_k ||c_k||^2`` and a merged
+        cluster's centroid is the size-weighted mean of its parts."""
+        sides = [self._flat(q, q_state), self._flat(k, k_state)]
         if not self.config.merge:
-            return labels, centroids, sizes
-        G, N = labels.shape
-        D = x.shape[-1]
-        xf = x.reshape(G, N, D).float()
-        err = (xf - torch.gather(centroids.float(), 1, labels.unsqueeze(-1).expand(-1, -1, D))).square().sum(-1)
-        root = B.merge_clusters(centroids, sizes, self.config.tile, err.mean(-1), self.config.merge_tau,
-                                self.config.merge_rounds)
-        merged = torch.gather(root, 1, labels)
-        c, n = update_centroids(x.reshape(1, G, N, D), merged.unsqueeze(0), centroids.unsqueeze(0))
-        return merged, c[0], n[0].long()
+            return sides
+        G = sides[0][0].shape[0]
+        K = max(c.shape[1] for _, c, _ in sides)
+        cents, sizes, mses = [], [], []
+        for x, (_, centroids, n) in zip((q, k), sides, strict=True):
+            c, nf = centroids.float(), n.float()
+            sum_x2 = torch.linalg.vector_norm(x.reshape(G, -1), dim=-1, dtype=torch.float32).square()
+            sse = sum_x2 - (nf * c.square().sum(-1)).sum(-1)
+            mses.append(sse.clamp(min=0) / x.shape[2])
+            cents.append(torch.nn.functional.pad(c, (0, 0, 0, K - c.shape[1])))  # empty clusters never merge
+            sizes.append(torch.nn.functional.pad(n, (0, K - c.shape[1])))
+        merge = _compiled(B.merge_clusters) if self.config.compile else B.merge_clusters
+        root = merge(torch.cat(cents), torch.cat(sizes), self.config.tile, torch.cat(mses), self.config.merge_tau,
+                     self.config.merge_rounds)
+        out = []
+        for (labels, centroids, n), r in zip(sides, root.split(G), strict=True):
+            r = r[:, : centroids.shape[1]]
+            merged_n = torch.zeros_like(n).scatter_add_(1, r, n)
+            sums = torch.zeros_like(centroids, dtype=torch.float32).scatter_add_(
+                1, r.unsqueeze(-1).expand(-1, -1, centroids.shape[-1]), centroids.float() * n.unsqueeze(-1))
+            merged_c = torch.where(merged_n.unsqueeze(-1) > 0, sums / merged_n.clamp(min=1).unsqueeze(-1),
+                                   centroids.float()).to(centroids.dtype)
+            out.append((torch.gather(r, 1, labels), merged_c, merged_n))
+        return out
 
 
 class KMeansSparseAttention(_ClusteredSparseAttention):

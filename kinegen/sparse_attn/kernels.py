@@ -93,14 +93,22 @@ def assign_local_triton(x: torch.Tensor, centroids: torch.Tensor, wg: WindowGrid
     assign_kernel, _ = _kernels()
     B, H, N, D = x.shape
     K = centroids.shape[2]
-    order = (wg.order.to(x.device) if tokens is None else subset_table(wg, tokens.to(x.device))).contiguous()
-    cand = candidate_centroids(wg, per_window).to(x.device).contiguous()
+    order = (wg.on(x.device, "order") if tokens is None else subset_table(wg, tokens.to(x.device))).contiguous()
+    cand = wg.on(x.device, f"cand{per_window}", lambda w: candidate_centroids(w, per_window)).contiguous()
     labels = torch.full((B, H, N), -1, dtype=torch.long, device=x.device)
     margin = torch.full((B, H, N), float("inf"), dtype=torch.float32, device=x.device)
     T, C = order.shape[1], cand.shape[1]
     assign_kernel[(B * H, wg.num_windows)](x.contiguous(), centroids.contiguous(), order, cand, labels, margin, N, K, D,
                                            T, C, BT=_next_pow2(T), BC=_next_pow2(C), BD=min(64, _next_pow2(D)))
-    evals = int(((cand >= 0).sum(1) * (order >= 0).sum(1)).sum()) * B * H
+    # Counted without reading the GPU: from the host-side window table, or as a device tensor for a subset.
+    def n_cand(w):
+        return (candidate_centroids(w, per_window) >= 0).sum(1)
+
+    if tokens is None:
+        evals = int(wg.on("cpu", f"evals{per_window}", lambda w: (n_cand(w) * (w.order >= 0).sum(1)).sum())) * B * H
+    else:
+        evals = wg.on(x.device, f"ncand{per_window}", n_cand)[
+            wg.on(x.device, "window_of_token")[tokens.to(x.device)]].sum() * B * H
     return Assignment(labels, margin.to(x.dtype), evals)
 
 
