@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Map-Guided Caching benchmark on the bundled model (2 CPU cores: about 25 minutes).
+# Map-Guided Caching benchmark on the bundled model (2 CPU cores: about 30 minutes).
 #   ./benchmarks/run_caching.sh            -> benchmarks/results/caching/, then caching_summary.py
 set -euo pipefail
 K=${KINEGEN:-.venv/bin/kinegen}
@@ -8,9 +8,13 @@ OUT=benchmarks/results/caching
 STEPS=${STEPS:-30}
 mkdir -p "$OUT"
 
-# 1. Calibrate: dense runs of 160 prompts record TVMaps; the predictor is fitted on 80%, tested on 20%.
+# 1. Calibrate: dense runs of 160 prompts record TVMaps (RECORD=1; about 7 minutes; otherwise the shipped
+#    maps.jsonl is refitted); the predictor is fitted on 80%, tested on 20%; then the step-sensitivity
+#    profile is measured on 4 calibration prompts (one probe run per step, about 2.5 minutes).
+PRED=assets/predictors/kinegen-shapes-t2v
+if [ "${RECORD:-0}" = 1 ]; then MAPS=(); else cp "$PRED/maps.jsonl" "$OUT/maps.jsonl"; MAPS=(--maps "$OUT/maps.jsonl"); fi
 $K calibrate --model kinegen-shapes-t2v --prompts benchmarks/prompts/calibration.txt --steps "$STEPS" \
-    --output assets/predictors/kinegen-shapes-t2v
+    "${MAPS[@]}" --output "$PRED"
 
 mapfile -t SIMPLE < benchmarks/prompts/simple.txt
 mapfile -t COMPLEX < benchmarks/prompts/complex.txt
@@ -18,12 +22,14 @@ P=(); for p in "${SIMPLE[@]:0:2}" "${COMPLEX[@]:0:2}"; do P+=(-p "$p"); done
 
 # 2. Requested against achieved speedup, and the diffusers caches at several settings, in one run.
 $K profile --model kinegen-shapes-t2v "${P[@]}" --steps "$STEPS" --repeats 2 --output "$OUT/main" \
-    -c mapguided:speedup=2 -c mapguided:speedup=3 -c mapguided:speedup=3.3 \
-    -c first-block:threshold=0.05 -c first-block:threshold=0.15 -c first-block:threshold=0.3 \
-    -c first-block:threshold=0.6 \
+    -c mapguided:speedup=1.5 -c mapguided:speedup=2 -c mapguided:speedup=2.5 -c mapguided:speedup=3 \
+    -c mapguided:speedup=3.3 \
+    -c first-block:threshold=0.05 -c first-block:threshold=0.1 -c first-block:threshold=0.15 \
+    -c first-block:threshold=0.3 \
     -c taylorseer:cache_interval=2,disable_cache_before_step=1 -c taylorseer:cache_interval=3,disable_cache_before_step=1 \
     -c taylorseer:cache_interval=4,disable_cache_before_step=1 \
-    -c mag:threshold=0.1,max_skip_steps=4 -c mag:threshold=0.5,max_skip_steps=4 -c mag:threshold=2,max_skip_steps=4
+    -c mag:threshold=0.1,max_skip_steps=4 -c mag:threshold=0.25,max_skip_steps=4 \
+    -c mag:threshold=0.5,max_skip_steps=4 -c mag:threshold=1,max_skip_steps=4
 
 # 3. Ablations: predicted vs average vs oracle map, DP vs greedy planner; simple vs complex prompts.
 for kind in simple complex; do
@@ -31,13 +37,15 @@ for kind in simple complex; do
   A=(); for p in "${L[@]}"; do A+=(-p "$p"); done
   $K profile --model kinegen-shapes-t2v "${A[@]}" --steps "$STEPS" --repeats 1 --output "$OUT/ablation_$kind" \
       -c mapguided:speedup=3 -c mapguided:speedup=3,map=average -c mapguided:speedup=3,map=oracle \
+      -c mapguided:speedup=3,planner=dp -c mapguided:speedup=3,sensitivity=false \
       -c mapguided:speedup=3,planner=threshold
 done
 
 # 4. Prompt adherence (training combinations) at about 3x.
 mkdir -p "$OUT/adherence"
 $K eval adherence --model kinegen-shapes-t2v --split train --prompts 40 --steps "$STEPS" -o "$OUT/adherence/dense.json"
-for c in mapguided:speedup=3 first-block:threshold=0.35 taylorseer:cache_interval=4 mag:threshold=1.0; do
+for c in mapguided:speedup=2.5 mapguided:speedup=3 first-block:threshold=0.15 \
+         taylorseer:cache_interval=3,disable_cache_before_step=1 mag:threshold=0.5,max_skip_steps=4; do
   $K eval adherence --model kinegen-shapes-t2v --split train --prompts 40 --steps "$STEPS" --cache "$c" \
       -o "$OUT/adherence/${c//[:=,]/_}.json"
 done

@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--maps", metavar="FILE", help="refit from an earlier maps.jsonl instead of recording")
     cal.add_argument("--train-steps", type=int, default=2000, metavar="N",
                      help="predictor optimisation steps (default: %(default)s)")
+    cal.add_argument("--sensitivity-prompts", type=int, default=4, metavar="N",
+                     help="prompts on which to measure how much a reuse at each step moves the output, one run "
+                          "per step each (0: skip; the planner then weights every step 1) (default: %(default)s)")
     _add_generation_flags(cal)
     _add_loading_flags(cal)
     cal.set_defaults(func=cmd_calibrate, model=DEFAULT_MODEL)
@@ -505,19 +508,20 @@ def cmd_calibrate(args) -> int:
     fields = {k: v for k, v in _request_fields(args).items() if v is not None}
     for p in prompts:
         check_request_basics(GenerationRequest(prompt=p, **fields))
-    if not 0 <= args.held_out < 1 or args.seeds < 1 or args.group_size < 1:
+    if not 0 <= args.held_out < 1 or args.seeds < 1 or args.group_size < 1 or args.sensitivity_prompts < 0:
         from .errors import ConfigError
 
-        raise ConfigError("--held-out must be in [0, 1), --seeds and --group-size at least 1.")
+        raise ConfigError("--held-out must be in [0, 1), --seeds and --group-size at least 1, "
+                          "--sensitivity-prompts at least 0.")
     pipe, _ = _load(args)
     pipe.set_progress_bar_config(disable=True)
 
-    def progress(i, n):
-        print(f"\rrecording maps: {i}/{n}", end="", file=sys.stderr, flush=True)
+    def progress(i, n, what="recording maps"):
+        print(f"\r{what}: {i}/{n}", end="", file=sys.stderr, flush=True)
 
     report = calibrate(pipe, prompts, args.output, seeds=args.seeds, held_out=args.held_out,
                        group_size=args.group_size, maps=args.maps, train_steps=args.train_steps,
-                       progress=progress, **fields)
+                       sensitivity_prompts=args.sensitivity_prompts, progress=progress, **fields)
     print(file=sys.stderr)
     m = report["metrics"]
     print(f"{report['records']} maps ({report['calibration_prompts']} calibration / {report['held_out_prompts']} "
@@ -527,6 +531,10 @@ def cmd_calibrate(args) -> int:
             r = m[split]
             print(f"{split:<9} Spearman: predicted {r['spearman_predicted_mean']:.3f} (min "
                   f"{r['spearman_predicted_min']:.3f}), average map {r['spearman_average_mean']:.3f}")
+    if report.get("sensitivity"):
+        prof = report["sensitivity"]["profile"]
+        print(f"step sensitivity ({report['sensitivity']['prompts']} prompts, "
+              f"{report['sensitivity']['seconds']:.0f} s): " + " ".join(f"{x:.2f}" for x in prof))
     print(f"predictor written to {args.output}/")
     return 0
 

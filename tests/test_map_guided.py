@@ -58,6 +58,54 @@ def test_orientation_planner_is_optimal_against_brute_force():
                 assert P.plan_error(v[:, g:g + 1], choice[g, k][:, None]) == pytest.approx(brute)
 
 
+def test_weighted_costs_are_optimal_against_brute_force():
+    steps, guards = 8, P.Guards(warmup=1, cooldown=1, max_reuse=3)
+    v = _random_map(steps, 1, seed=4)
+    w = np.exp(np.random.default_rng(5).normal(size=steps))
+    best, _ = P.orientation_plan(v, guards, w)
+    for k in range(3, steps + 1):
+        brute = min((P.plan_error(v, m[:, None], w) for m in _masks(steps, k, guards)), default=np.inf)
+        assert best[0, k] == pytest.approx(brute)
+    assert P.plan_error(v, np.ones((steps, 1), bool), w) == 0
+
+
+def _masks(steps, k, guards):
+    for mid in itertools.combinations(range(1, steps - 1), k - 2):
+        m = np.zeros(steps, bool)
+        m[[0, steps - 1, *mid]] = True
+        try:
+            _respects(m[:, None], guards)
+        except AssertionError:
+            continue
+        yield m
+
+
+@pytest.mark.parametrize("speedup", [1.5, 2.0, 3.0])
+def test_nested_plan_keeps_computed_groups_a_prefix_and_fits_the_budget(speedup):
+    guards = P.Guards(warmup=1, cooldown=1, max_reuse=4)
+    v = _random_map(24, 5, seed=2)
+    plan = P.nested_plan(v, speedup, guards, overhead=0.0)
+    _respects(plan.compute, guards)
+    assert (plan.compute[:, 1:] <= plan.compute[:, :-1]).all()  # group g computed => group g-1 computed
+    budget = P.compute_budget(speedup, 0.0)
+    assert budget - 0.1 <= plan.compute_fraction <= budget + 1e-9
+    assert plan.predicted_error == pytest.approx(P.plan_error(v, plan.compute))
+    free = P.quantity_plan(v, speedup, guards)
+    assert free.predicted_error <= plan.predicted_error + 1e-9  # nesting is a constraint: never lower drift
+    same = P.nested_plan(np.repeat(v[:, :1], 5, axis=1), speedup, guards)  # equal groups: whole steps
+    assert all(row.all() or not row.any() for row in same.compute)
+
+
+def test_sensitivity_weights_move_compute_to_the_sensitive_steps():
+    v = np.full((20, 1), 0.1)
+    w = np.ones(20)
+    w[:6] = 10.0  # errors in the first steps cost ten times more
+    plain = P.nested_plan(v, 2.0, P.Guards(1, 1, 4))
+    weighted = P.nested_plan(v, 2.0, P.Guards(1, 1, 4), weights=w)
+    assert weighted.compute[:6].sum() > plain.compute[:6].sum()
+    assert weighted.compute_fraction <= 0.5 + 1e-9
+
+
 @pytest.mark.parametrize("speedup", [1.5, 2.0, 3.0, 3.3])
 def test_quantity_planner_hits_the_budget_and_keeps_the_guards(speedup):
     guards = P.Guards(warmup=2, cooldown=1, max_reuse=5)
@@ -227,8 +275,13 @@ def test_calibrate_writes_a_predictor_that_the_cache_uses(wan, tiny_predictor):
     assert report["records"] == 5 and report["held_out_prompts"] == 1
     assert (folder / "model.safetensors").is_file() and (folder / "maps.jsonl").is_file()
     assert -1 <= report["metrics"]["held_out"]["spearman_predicted_mean"] <= 1
+    profile = np.array(report["sensitivity"]["profile"])  # one probe run per inner step and prompt
+    assert profile.shape == (8,) and (profile > 0).all() and profile.mean() == pytest.approx(1.0)
     res = _gen(wan, f"mapguided:speedup=2,overhead=0,map=predicted,predictor={folder}")
     assert res.accelerators[0]["map_source"] == "predicted by the Map Predictor"
+    assert res.accelerators[0]["sensitivity"] == "the predictor's step-sensitivity profile"
+    off = _gen(wan, f"mapguided:speedup=2,overhead=0,map=predicted,predictor={folder},sensitivity=false")
+    assert off.accelerators[0]["sensitivity"].startswith("none")
     avg = _gen(wan, f"mapguided:speedup=2,overhead=0,map=average,predictor={folder}")
     assert "average" in avg.accelerators[0]["map_source"]
 

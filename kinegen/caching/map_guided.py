@@ -47,7 +47,7 @@ from .tvmap import TVMap, resample, save_heatmap
 
 REUSE_MODES = ("output", "residual", "extrapolate")
 MAP_SOURCES = ("auto", "predicted", "average", "recorded", "oracle")
-PLANNERS = ("dp", "threshold")
+PLANNERS = ("nested", "dp", "threshold")
 HOOK_ROOT = "kinegen_mapguided_root"
 HOOK_BLOCK = "kinegen_mapguided_block"
 
@@ -66,10 +66,14 @@ class MapGuidedCacheConfig:
         reuse: ``output``, ``residual`` or ``extrapolate`` (see the module docstring).
         map: ``auto``, ``predicted``, ``average``, ``recorded`` or ``oracle``.
         predictor: folder of a trained Map Predictor; empty = the one shipped for this model, if any.
-        planner: ``dp`` (orientation + quantity planners) or ``threshold`` (greedy per-step rule, ablation).
+        planner: ``nested`` (orientation + quantity planners, groups nested so that computed groups
+            always form a prefix of the network), ``dp`` (the same planners, each group on its own) or
+            ``threshold`` (greedy per-step rule, ablation).
         group_size: contiguous blocks planned as one unit (within one block list).
         warmup / cooldown: first / last steps always computed (at least 1 each).
         max_reuse: most consecutive steps a group may reuse its cache.
+        sensitivity: weight each step's drift by the step-sensitivity profile the predictor folder holds
+            (measured by ``kinegen calibrate``: how much an error made at that step moves the output).
         overhead: share of transformer time outside the blocks; ``None`` measures it on fully computed steps.
         num_inference_steps: step count when neither the pipeline nor the caller passes one.
         record: compute everything and record the true map (calibration).
@@ -79,11 +83,12 @@ class MapGuidedCacheConfig:
     reuse: str = "residual"
     map: str = "auto"
     predictor: str = ""
-    planner: str = "dp"
+    planner: str = "nested"
     group_size: int = 1
     warmup: int = 1
     cooldown: int = 1
     max_reuse: int = 4
+    sensitivity: bool = True
     overhead: float | None = None
     num_inference_steps: int | None = None
     record: bool = False
@@ -254,6 +259,8 @@ class MapGuidedCache:
         self.last_records: dict[str, dict] = {}
         self.predictor = None
         self.predictor_note = ""
+        self.sensitivity: np.ndarray | None = None  # the step-sensitivity profile in use (normalised time)
+        self.plan_override: np.ndarray | None = None  # a fixed [steps, groups] plan (sensitivity probes)
         self.sync = transformer.device.type == "cuda"
         self._signature = inspect.signature(type(transformer).forward)
         self._registries: list = []
@@ -386,8 +393,14 @@ class MapGuidedCache:
         top = planners.max_speedup(run.steps, self.config.guards, overhead)
         if target > top:  # the measured overhead leaves less to save than the request needs: say so, plan the most
             run.capped_to = target = top
-        plan_fn = planners.quantity_plan if self.config.planner == "dp" else planners.threshold_plan
-        run.plan = plan_fn(run.map, target, self.config.guards, self.group_costs, overhead)
+        if self.plan_override is not None:
+            run.plan = planners.Plan(np.asarray(self.plan_override, dtype=bool), self.group_costs, 0.0)
+            run.plan_s = time.perf_counter() - t0
+            return
+        plan_fn = {"nested": planners.nested_plan, "dp": planners.quantity_plan,
+                   "threshold": planners.threshold_plan}[self.config.planner]
+        weights = None if self.sensitivity is None else resample_profile(self.sensitivity, run.steps)
+        run.plan = plan_fn(run.map, target, self.config.guards, self.group_costs, overhead, weights)
         run.plan_s = time.perf_counter() - t0
 
     # -- block execution -------------------------------------------------------------------
@@ -512,6 +525,12 @@ class MapGuidedCache:
                         self.predictor, self.predictor_note = None, note
         if want == "auto":
             want = "predicted" if self.predictor is not None else "recorded"
+        if c.sensitivity:
+            holder = self.predictor
+            if holder is None and want in ("recorded", "oracle"):
+                holder, _ = _load_predictor(c, info, self.transformer, self.group_names)
+            if holder is not None and holder.config.sensitivity:
+                self.sensitivity = np.asarray(holder.config.sensitivity, dtype=np.float64)
         if want in ("predicted", "average") and self.predictor is None:
             raise ConfigError(f"mapguided: map={c.map} needs a trained Map Predictor, but {self.predictor_note}. "
                               "Train one with `kinegen calibrate --model M --prompts FILE`, pass predictor=FOLDER, "
@@ -573,7 +592,9 @@ class MapGuidedCache:
     def stats(self) -> dict[str, Any]:
         run = self.run or self.last
         out: dict[str, Any] = {"map_source": getattr(self, "source_note", ""), "reuse": self.config.reuse,
-                               "groups": list(self.group_names)}
+                               "groups": list(self.group_names),
+                               "sensitivity": ("the predictor's step-sensitivity profile"
+                                               if self.sensitivity is not None else "none (every step weighted 1)")}
         if run is None:
             return out
         total = run.executed + run.reused
@@ -731,6 +752,14 @@ def apply_map_guided_cache(pipe_or_transformer, config: MapGuidedCacheConfig | N
 
     handle._remove = remove
     return handle
+
+
+def resample_profile(profile: np.ndarray, steps: int) -> np.ndarray:
+    """A per-step weight profile stored on its own step grid, read at ``steps`` points of normalised time."""
+    profile = np.asarray(profile, dtype=np.float64)
+    if len(profile) == steps:
+        return profile
+    return np.interp(np.linspace(0, 1, steps), np.linspace(0, 1, len(profile)), profile)
 
 
 def _check_reachable(c: MapGuidedCache, steps: int) -> None:

@@ -11,11 +11,16 @@ Notation (docs/caching.md): ``T`` denoising steps, ``G`` block groups, ``V[t, g]
   per-step threshold).
 - :func:`quantity_plan` (the *quantity planner*) turns a requested speedup into a compute budget
   and splits it over groups (Lagrangian bisection, then greedy top-up on marginal gains).
+- :func:`nested_plan` plans the groups in execution order, each only on the steps where the group before
+  it is computed, so a computed group never runs on an input built from reused (stale) contributions;
+  the budget is split by one Lagrange multiplier over all groups (the default planner).
 - :func:`threshold_plan` is the greedy per-step rule used as the ablation baseline.
 
 Error model (our reading; the paper body is not public): reusing the anchor ``s`` at step ``u``
-costs the drift accumulated since the anchor, ``D(s, u) = sum_{v=s+1..u} V[v]``; a segment that
-computes ``s`` and reuses ``s+1 .. e-1`` costs ``c(s, e) = sum_{u=s+1..e-1} D(s, u)``.
+costs the drift accumulated since the anchor, ``D(s, u) = sum_{v=s+1..u} V[v]``, weighted by how much
+an error made at step ``u`` moves the final output, ``w[u]`` (the step-sensitivity profile measured at
+calibration; 1 everywhere when there is none); a segment that computes ``s`` and reuses ``s+1 .. e-1``
+costs ``c(s, e) = sum_{u=s+1..e-1} w[u] D(s, u)``.
 """
 
 from __future__ import annotations
@@ -67,21 +72,24 @@ class Plan:
                 "compute_fraction": self.compute_fraction, "predicted_error": self.predicted_error}
 
 
-def segment_costs(v: np.ndarray, guards: Guards) -> np.ndarray:
+def segment_costs(v: np.ndarray, guards: Guards, weights: np.ndarray | None = None) -> np.ndarray:
     """``C[g, s, e]``: cost of computing ``s``, reusing ``s+1..e-1`` and computing ``e`` next, per group.
 
-    ``v`` is ``[T, G]``. Invalid segments (``e <= s``, longer than ``max_reuse`` reuses, or skipping
-    a forced step) are ``inf``.
+    ``v`` is ``[T, G]``, ``weights`` ``[T]`` (the step sensitivity, default 1). Invalid segments
+    (``e <= s``, longer than ``max_reuse`` reuses, or skipping a forced step) are ``inf``.
     """
     steps, groups = v.shape
+    w = np.ones(steps) if weights is None else np.asarray(weights, dtype=np.float64)
     p = np.cumsum(v, axis=0)  # P[u] = sum_{v<=u} V[v]
-    q = np.cumsum(p, axis=0)  # Q[u] = sum_{w<=u} P[w]
+    q = np.cumsum(w[:, None] * p, axis=0)  # Q[u] = sum_{x<=u} w[x] P[x]
+    wc = np.cumsum(w)  # W[u] = sum_{x<=u} w[x]
     s = np.arange(steps)[:, None]
     e = np.arange(steps)[None, :]
     n_reused = e - s - 1
-    # c(s, e) = sum_{u=s+1}^{e-1} (P[u] - P[s]) = (Q[e-1] - Q[s]) - (e-1-s) P[s]
-    q_em1 = q[np.clip(e - 1, 0, None)[0]]  # [T(e), G]
-    cost = (q_em1[None, :, :] - q[:, None, :]) - n_reused[:, :, None] * p[:, None, :]
+    # c(s, e) = sum_{u=s+1}^{e-1} w[u] (P[u] - P[s]) = (Q[e-1] - Q[s]) - (W[e-1] - W[s]) P[s]
+    em1 = np.clip(e - 1, 0, None)[0]
+    w_span = wc[em1][None, :] - wc[:, None]  # [s, e]
+    cost = (q[em1][None, :, :] - q[:, None, :]) - w_span[:, :, None] * p[:, None, :]
     cost = np.where((n_reused >= 0)[:, :, None], np.maximum(cost, 0.0), INF)
     valid = (n_reused >= 0) & (n_reused <= guards.max_reuse)
     forced = guards.forced(steps)
@@ -93,7 +101,8 @@ def segment_costs(v: np.ndarray, guards: Guards) -> np.ndarray:
     return np.transpose(cost, (2, 0, 1))  # [G, s, e]
 
 
-def orientation_plan(v: np.ndarray, guards: Guards) -> tuple[np.ndarray, np.ndarray]:
+def orientation_plan(v: np.ndarray, guards: Guards, weights: np.ndarray | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
     """The orientation planner: for each group and each count ``k`` of computed steps, the best steps.
 
     Dynamic programming ``F[k][e] = min_s F[k-1][s] + c(s, e)`` with step 0 computed (``F[1][0] = 0``)
@@ -102,7 +111,7 @@ def orientation_plan(v: np.ndarray, guards: Guards) -> tuple[np.ndarray, np.ndar
     """
     v = np.asarray(v, dtype=np.float64)
     steps, groups = v.shape
-    cost = segment_costs(v, guards)  # [G, s, e]
+    cost = segment_costs(v, guards, weights)  # [G, s, e]
     f = np.full((steps + 1, groups, steps), INF)
     back = np.zeros((steps + 1, groups, steps), dtype=np.int64)
     f[1, :, 0] = 0.0
@@ -189,16 +198,7 @@ def _allocate(best: np.ndarray, costs: np.ndarray, budget_units: float) -> np.nd
     return k
 
 
-def quantity_plan(v: np.ndarray, speedup: float, guards: Guards, group_costs: np.ndarray | None = None,
-                  overhead: float = 0.0) -> Plan:
-    """The quantity planner: a requested ``speedup`` -> a budget -> computed steps per group -> a plan.
-
-    ``overhead`` is the share of transformer time spent outside the planned blocks (embedders, final
-    layer, hooks), measured by the cache itself. Raises :class:`ConfigError` for an impossible speedup.
-    """
-    v = np.asarray(v, dtype=np.float64)
-    steps, groups = v.shape
-    costs = np.ones(groups) if group_costs is None else np.asarray(group_costs, dtype=np.float64)
+def _check_speedup(speedup: float, steps: int, guards: Guards, overhead: float) -> None:
     if speedup < 1.0:
         raise ConfigError(f"mapguided: speedup={speedup} is below 1; ask for 1 (no caching) or more.")
     top = max_speedup(steps, guards, overhead)
@@ -208,19 +208,106 @@ def quantity_plan(v: np.ndarray, speedup: float, guards: Guards, group_costs: np
             f"{max(1, guards.warmup)} and last {max(1, guards.cooldown)} steps, reusing at most {guards.max_reuse} "
             f"steps in a row and {overhead:.0%} of the time outside the cached blocks, the most is {top:.2f}x. "
             "Lower the speedup, raise max_reuse, or use more steps.")
+
+
+def quantity_plan(v: np.ndarray, speedup: float, guards: Guards, group_costs: np.ndarray | None = None,
+                  overhead: float = 0.0, weights: np.ndarray | None = None) -> Plan:
+    """The quantity planner: a requested ``speedup`` -> a budget -> computed steps per group -> a plan.
+
+    ``overhead`` is the share of transformer time spent outside the planned blocks (embedders, final
+    layer, hooks), measured by the cache itself. Raises :class:`ConfigError` for an impossible speedup.
+    """
+    v = np.asarray(v, dtype=np.float64)
+    steps, groups = v.shape
+    costs = np.ones(groups) if group_costs is None else np.asarray(group_costs, dtype=np.float64)
+    _check_speedup(speedup, steps, guards, overhead)
     if speedup == 1.0:
         return Plan(np.ones((steps, groups), dtype=bool), costs, 0.0)
     budget = compute_budget(speedup, overhead) * steps * costs.sum()
-    best, choice = orientation_plan(v, guards)
+    best, choice = orientation_plan(v, guards, weights)
     k = _allocate(best, costs, budget)
     compute = np.stack([choice[g, k[g]] for g in range(groups)], axis=1)
     err = float(sum(best[g, k[g]] for g in range(groups)))
     return Plan(compute, costs, err)
 
 
-def plan_error(v: np.ndarray, compute: np.ndarray) -> float:
-    """Accumulated drift of a plan under a map (the quantity the orientation planner minimises)."""
+def lagrangian_path(cost: np.ndarray, allowed: np.ndarray, price: float) -> tuple[np.ndarray, float]:
+    """One group's computed steps minimising ``drift + price * (computed steps)``, on allowed steps only.
+
+    ``cost`` is the group's ``[s, e]`` segment cost (:func:`segment_costs`); ``allowed`` marks the steps
+    it may be computed on (the first and last must be allowed). Dynamic programming over the end of the
+    last segment, ``F[e] = min_s F[s] + c(s, e) + price``; returns the computed mask and its drift.
+    """
+    steps = cost.shape[0]
+    f = np.full(steps, INF)
+    back = np.zeros(steps, dtype=np.int64)
+    f[0] = 0.0
+    blocked = np.where(allowed, 0.0, INF)
+    for e in range(1, steps):
+        if not allowed[e]:
+            continue
+        tot = f[:e] + blocked[:e] + cost[:e, e]
+        back[e] = int(np.argmin(tot))
+        f[e] = tot[back[e]] + price
+    mask = np.zeros(steps, dtype=bool)
+    e = steps - 1
+    mask[e] = True
+    while e > 0:
+        e = back[e]
+        mask[e] = True
+    return mask, float(f[-1] - price * (mask.sum() - 1))
+
+
+def nested_plan(v: np.ndarray, speedup: float, guards: Guards, group_costs: np.ndarray | None = None,
+                overhead: float = 0.0, weights: np.ndarray | None = None) -> Plan:
+    """The orientation and quantity planners with groups nested in execution order (the default).
+
+    Group ``g`` may be computed only on steps where group ``g-1`` is computed: at every step the computed
+    groups form a prefix of the network and the reused ones a suffix, so no computed group reads an input
+    assembled from cached contributions (with independent plans, a block computed after a reused one
+    refreshes its cache from a stale input and carries that error forward). Each group is planned by
+    :func:`lagrangian_path` under one price per unit of compute, bisected until the plan fits the budget
+    of the requested speedup.
+    """
     v = np.asarray(v, dtype=np.float64)
+    steps, groups = v.shape
+    costs = np.ones(groups) if group_costs is None else np.asarray(group_costs, dtype=np.float64)
+    _check_speedup(speedup, steps, guards, overhead)
+    if speedup == 1.0:
+        return Plan(np.ones((steps, groups), dtype=bool), costs, 0.0)
+    budget = compute_budget(speedup, overhead) * steps * costs.sum()
+    seg = segment_costs(v, guards, weights)  # [G, s, e]
+
+    def plan(price: float) -> tuple[np.ndarray, float]:
+        allowed = np.ones(steps, dtype=bool)
+        compute = np.zeros((steps, groups), dtype=bool)
+        err = 0.0
+        for g in range(groups):
+            allowed, e = lagrangian_path(seg[g], allowed, price * costs[g])
+            compute[:, g] = allowed
+            err += e
+        return compute, err
+
+    def used(compute: np.ndarray) -> float:
+        return float((compute * costs[None]).sum())
+
+    lo, hi = 0.0, max(float(v.sum()), 1e-12) * steps
+    while used(plan(hi)[0]) > budget + 1e-9 and hi < 1e12:
+        hi *= 4.0
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        if used(plan(mid)[0]) > budget + 1e-9:
+            lo = mid
+        else:
+            hi = mid
+    compute, err = plan(hi)
+    return Plan(compute, costs, err)
+
+
+def plan_error(v: np.ndarray, compute: np.ndarray, weights: np.ndarray | None = None) -> float:
+    """Weighted accumulated drift of a plan under a map (the quantity the orientation planner minimises)."""
+    v = np.asarray(v, dtype=np.float64)
+    w = np.ones(v.shape[0]) if weights is None else np.asarray(weights, dtype=np.float64)
     total = 0.0
     for g in range(v.shape[1]):
         drift = 0.0
@@ -229,12 +316,12 @@ def plan_error(v: np.ndarray, compute: np.ndarray) -> float:
                 drift = 0.0
             else:
                 drift += v[t, g]
-                total += drift
+                total += w[t] * drift
     return total
 
 
 def threshold_plan(v: np.ndarray, speedup: float, guards: Guards, group_costs: np.ndarray | None = None,
-                   overhead: float = 0.0) -> Plan:
+                   overhead: float = 0.0, weights: np.ndarray | None = None) -> Plan:
     """Ablation baseline: a greedy per-step rule with the same budget.
 
     Walking the steps, a group reuses while the drift accumulated since its anchor stays under a
@@ -248,6 +335,7 @@ def threshold_plan(v: np.ndarray, speedup: float, guards: Guards, group_costs: n
         return Plan(np.ones((steps, groups), dtype=bool), costs, 0.0)
     budget = compute_budget(speedup, overhead) * steps * costs.sum()
     forced = guards.forced(steps)
+    w = np.ones(steps) if weights is None else np.asarray(weights, dtype=np.float64)
 
     def walk(tau: float) -> np.ndarray:
         compute = np.zeros((steps, groups), dtype=bool)
@@ -255,13 +343,13 @@ def threshold_plan(v: np.ndarray, speedup: float, guards: Guards, group_costs: n
             drift, run = 0.0, 0
             for t in range(steps):
                 nxt = drift + v[t, g]
-                if forced[t] or run == guards.max_reuse or nxt > tau:
+                if forced[t] or run == guards.max_reuse or w[t] * nxt > tau:
                     compute[t, g], drift, run = True, 0.0, 0
                 else:
                     drift, run = nxt, run + 1
         return compute
 
-    lo, hi = 0.0, float(v.sum()) + 1.0
+    lo, hi = 0.0, float(v.sum()) * float(w.max()) + 1.0
     for _ in range(60):
         mid = 0.5 * (lo + hi)
         if (walk(mid) * costs[None]).sum() > budget:
@@ -269,4 +357,4 @@ def threshold_plan(v: np.ndarray, speedup: float, guards: Guards, group_costs: n
         else:
             hi = mid
     compute = walk(hi)
-    return Plan(compute, costs, plan_error(v, compute))
+    return Plan(compute, costs, plan_error(v, compute, weights))

@@ -46,6 +46,9 @@ class MapPredictorConfig:
     trained_sizes: list[list[int]] = dataclasses.field(default_factory=list)  # [frames, height, width]
     trained_steps: list[int] = dataclasses.field(default_factory=list)
     metrics: dict = dataclasses.field(default_factory=dict)
+    # how much an error made at each step moves the final output, per unit of map drift, on normalised
+    # time (kinegen.training.calibrate.measure_sensitivity); empty when not measured
+    sensitivity: list[float] = dataclasses.field(default_factory=list)
 
     @property
     def feature_dim(self) -> int:

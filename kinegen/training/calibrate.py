@@ -70,6 +70,62 @@ def record_calibration_maps(pipe, prompts: list[str], seeds: int = 1, group_size
     return records
 
 
+def _latents(pipe, kwargs: dict) -> np.ndarray:
+    """The pipeline's final latents (``output_type="latent"``: no decoding) as a float64 array."""
+    out = pipe(**{**kwargs, "output_type": "latent"})
+    x = out.frames if hasattr(out, "frames") else out.images
+    x = x[0] if isinstance(x, (list, tuple)) else x
+    return np.asarray(x.float().cpu() if isinstance(x, torch.Tensor) else x, dtype=np.float64)
+
+
+def measure_sensitivity(pipe, prompts: list[str], *, group_size: int = 1, progress=None, **fields) -> dict:
+    """The step-sensitivity profile: how far one reuse at step ``t`` moves the final output, per unit of drift.
+
+    For each prompt: a dense run records its map ``V`` and gives the final latents ``y``; then, for every
+    step ``t`` but the first and last, a run computes every step except ``t``, where every block group
+    reuses its cached contribution from ``t - 1`` (exactly what a plan does), giving ``y_t``. The
+    sensitivity is ``a[t] = (||y_t - y|| / ||y||) / sum_g V[t, g]``: the output error per unit of the drift
+    the map predicts for that reuse. Profiles are averaged over prompts in log space and scaled to mean 1;
+    the first and last steps (never reused) take their neighbours' values. The planners weight each
+    step's drift by it (:func:`kinegen.caching.planner.segment_costs`).
+    """
+    from ..adapters import transformers_of
+    from ..caching.map_guided import MapGuidedCache, MapGuidedCacheConfig, record_map
+    from ..generation import GenerationRequest, pipeline_kwargs, resolve_request, run_info
+
+    logs = []
+    t0 = time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        req = resolve_request(pipe, GenerationRequest(prompt=prompt, seed=0, **fields))
+        info = run_info(pipe, req)
+        v = record_map(pipe, info, group_size=group_size)["map"].values
+        ref = _latents(pipe, pipeline_kwargs(pipe, req))
+        steps = v.shape[0]
+        ratio = np.full(steps, np.nan)
+        for t in range(1, steps - 1):
+            plan = np.ones(v.shape, dtype=bool)
+            plan[t] = False
+            c = MapGuidedCache(transformers_of(pipe)[0], MapGuidedCacheConfig(speedup=1.0, sensitivity=False),
+                               info)
+            c.source, c.source_note = "fixed", "a fixed plan (sensitivity probe)"
+            c.plan_override = plan
+            c.install()
+            try:
+                y = _latents(pipe, pipeline_kwargs(pipe, req))
+            finally:
+                c.uninstall()
+            ratio[t] = (np.linalg.norm(y - ref) / max(np.linalg.norm(ref), EPS)) / max(float(v[t].sum()), EPS)
+        logs.append(np.log(np.maximum(ratio, EPS)))
+        if progress:
+            progress(i + 1, len(prompts), "measuring step sensitivity")
+    profile = np.ones(len(logs[0]))
+    profile[1:-1] = np.exp(np.stack(logs)[:, 1:-1].mean(0))
+    profile[0], profile[-1] = profile[1], profile[-2]
+    profile = profile / profile.mean()
+    return {"profile": profile.tolist(), "prompts": len(prompts), "steps": int(len(profile)),
+            "seconds": time.perf_counter() - t0}
+
+
 def split_prompts(records: list[dict], held_out: float, seed: int = 0) -> tuple[list[int], list[int]]:
     """Record indices of calibration and held-out prompts (a prompt's seeds stay on one side)."""
     prompts = sorted({r["prompt_index"] for r in records})
@@ -152,9 +208,10 @@ def evaluate_predictor(model, records: list[dict]) -> dict:
 
 
 def calibrate(pipe, prompts: list[str], output: str | Path, *, seeds: int = 1, held_out: float = 0.2,
-              group_size: int = 1, maps: str | Path | None = None, train_steps: int = 2000, progress=None,
-              **fields) -> dict:
-    """Record maps (or read ``maps``), fit the predictor on calibration prompts, evaluate on held-out ones."""
+              group_size: int = 1, maps: str | Path | None = None, train_steps: int = 2000,
+              sensitivity_prompts: int = 4, progress=None, **fields) -> dict:
+    """Record maps (or read ``maps``), fit the predictor on calibration prompts, evaluate on held-out ones,
+    and measure the step-sensitivity profile on the first ``sensitivity_prompts`` calibration prompts."""
     from ..caching.tvmap import load_maps
     from ..generation import _spec_of
     from ..media import atomic_write_text
@@ -185,9 +242,18 @@ def calibrate(pipe, prompts: list[str], output: str | Path, *, seeds: int = 1, h
     metrics = {"train": evaluate_predictor(model, [records[i] for i in train_idx]),
                "held_out": evaluate_predictor(model, [records[i] for i in test_idx])}
     model.config.metrics = metrics
+    sensitivity = None
+    if sensitivity_prompts > 0:
+        probe = list(dict.fromkeys(records[i]["prompt"] for i in train_idx))[:sensitivity_prompts]
+        r0 = records[train_idx[0]]
+        frames, height, width = r0["size"]
+        sensitivity = measure_sensitivity(pipe, probe, group_size=group_size, progress=progress, frames=frames,
+                                          height=height, width=width, steps=r0["steps"], guidance=r0["guidance"])
+        model.config.sensitivity = sensitivity["profile"]
     model.save(out)
     report = {"model": spec.name, "records": len(records), "calibration_prompts": len(train_idx),
               "held_out_prompts": len(test_idx), "record_s": record_s, "fit_s": fit_s, "metrics": metrics,
+              "sensitivity": sensitivity,
               "held_out_prompt_list": sorted({records[i]["prompt"] for i in test_idx})}
     atomic_write_text(out / "calibration.json", json.dumps(report, indent=2) + "\n")
     return report
