@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Map-Guided Caching benchmark on the bundled model (2 CPU cores: about 30 minutes).
+# Map-Guided Caching benchmark on the bundled model (2 CPU cores: about 45 minutes).
 #   ./benchmarks/run_caching.sh            -> benchmarks/results/caching/, then caching_summary.py
 set -euo pipefail
 K=${KINEGEN:-.venv/bin/kinegen}
@@ -12,7 +12,7 @@ mkdir -p "$OUT"
 #    maps.jsonl is refitted); the predictor is fitted on 80%, tested on 20%; then the step-sensitivity
 #    profile is measured on 4 calibration prompts (one probe run per step, about 2.5 minutes).
 PRED=assets/predictors/kinegen-shapes-t2v
-if [ "${RECORD:-0}" = 1 ]; then MAPS=(); else cp "$PRED/maps.jsonl" "$OUT/maps.jsonl"; MAPS=(--maps "$OUT/maps.jsonl"); fi
+if [ "${RECORD:-0}" = 1 ]; then MAPS=(); else TMP_MAPS=$(mktemp); cp "$PRED/maps.jsonl" "$TMP_MAPS"; MAPS=(--maps "$TMP_MAPS"); fi
 $K calibrate --model kinegen-shapes-t2v --prompts benchmarks/prompts/calibration.txt --steps "$STEPS" \
     "${MAPS[@]}" --output "$PRED"
 
@@ -41,12 +41,14 @@ for kind in simple complex; do
       -c mapguided:speedup=3,planner=threshold
 done
 
-# 4. Prompt adherence (training combinations) at about 3x.
+# 4. Prompt adherence at matched speedups (100 training-combination prompts each): mapguided at the speedups
+#    the peers reach in step 2 (TaylorSeer interval 3: 1.7x; FirstBlock 0.15: 2.3x; MagCache 0.5: 2.6x).
 mkdir -p "$OUT/adherence"
-$K eval adherence --model kinegen-shapes-t2v --split train --prompts 40 --steps "$STEPS" -o "$OUT/adherence/dense.json"
-for c in mapguided:speedup=2.5 mapguided:speedup=3 first-block:threshold=0.15 \
+N=${ADHERENCE_PROMPTS:-100}
+$K eval adherence --model kinegen-shapes-t2v --split train --prompts "$N" --steps "$STEPS" -o "$OUT/adherence/dense.json"
+for c in mapguided:speedup=1.7 mapguided:speedup=2.35 mapguided:speedup=2.6 first-block:threshold=0.15 \
          taylorseer:cache_interval=3,disable_cache_before_step=1 mag:threshold=0.5,max_skip_steps=4; do
-  $K eval adherence --model kinegen-shapes-t2v --split train --prompts 40 --steps "$STEPS" --cache "$c" \
+  $K eval adherence --model kinegen-shapes-t2v --split train --prompts "$N" --steps "$STEPS" --cache "$c" \
       -o "$OUT/adherence/${c//[:=,]/_}.json"
 done
 $PY benchmarks/caching_summary.py "$OUT"
