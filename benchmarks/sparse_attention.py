@@ -8,6 +8,11 @@
    efficiency, clustering time as a share of the sparse-attention time, distance evaluations.
 
     .venv/bin/python benchmarks/sparse_attention.py [--frames 57 --size 384 --steps 20 --capture-step 8]
+        [--capture-file runs/capture.pt] [--hva "k_window=1-4-8,iters=4"]
+
+``--capture-file`` keeps the captured tensors (our own file, read back with ``weights_only=True``) so that
+HVA settings can be compared without capturing again; ``--hva`` overrides HVAConfig fields (the
+``--attention hva:...`` syntax).
 """
 
 import argparse
@@ -78,9 +83,22 @@ def main():
     ap.add_argument("--densities", default="0.1,0.2,0.3")
     ap.add_argument("--tile", type=int, default=64)
     ap.add_argument("--output", default="benchmarks/results/sparse_attention.json")
+    ap.add_argument("--capture-file", default="", help="load captured q/k/v from here, or save them here")
+    ap.add_argument("--hva", default="", help="HVAConfig overrides, e.g. k_window=1-4-8,iters=4")
     args = ap.parse_args()
+    from kinegen.accelerate import parse_spec
+
+    overrides = {f: getattr(parse_spec("hva:" + args.hva)[1], f) for f in
+                 (item.split("=")[0].strip().replace("-", "_") for item in args.hva.split(",") if item.strip())}
     t0 = time.time()
-    data = capture(args)
+    cache = Path(args.capture_file) if args.capture_file else None
+    if cache is not None and cache.is_file():
+        data = {tuple(k): (q, k_, v, tuple(g)) for k, q, k_, v, g in torch.load(cache, weights_only=True)}
+    else:
+        data = capture(args)
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            torch.save([(list(k), q, k_, v, list(g)) for k, (q, k_, v, g) in data.items()], cache)
     print(f"captured {len(data)} (layer, step) q/k/v in {time.time() - t0:.0f} s", flush=True)
     rows = []
     for layer in sorted({key[0] for key in data}):
@@ -89,11 +107,12 @@ def main():
         print(f"layer {layer}: q {tuple(q0.shape)}, grid {grid}", flush=True)
         for density in [float(x) for x in args.densities.split(",")]:
             # Warm-up (FlexAttention compiles for each new shape): untimed calls on a copy of the first entry.
-            for warm in (HVAttention(HVAConfig(density=density, tile=args.tile, backend="flex")),
+            for warm in (HVAttention(HVAConfig(density=density, tile=args.tile, backend="flex", **overrides)),
                          KMeansSparseAttention(KMeansSparseConfig(density=density, top_p=None, tile=args.tile,
                                                                   backend="flex"))):
                 warm(q0, k0, v0, grid=grid)
-            hva = HVAttention(HVAConfig(density=density, tile=args.tile, anchor_every=10**6, backend="flex"))
+            hva = HVAttention(HVAConfig(**{"density": density, "tile": args.tile, "anchor_every": 10**6,
+                                           "backend": "flex", **overrides}))
             base = None
             for i, (q, k, v, g) in enumerate(seq):
                 ref = torch.nn.functional.scaled_dot_product_attention(q, k, v)
