@@ -301,3 +301,14 @@ def test_hva_refuses_image_models(flux):
 
     with pytest.raises(KinegenError, match="video families"):
         kinegen.generate(flux, "a red circle", seed=0, accelerators=["hva"])
+
+
+def test_compiled_merge_gives_the_same_attention():
+    g = torch.Generator().manual_seed(7)
+    grid = (2, 8, 8)
+    q, k, v = (torch.randn(1, 2, 128, 16, generator=g) for _ in range(3))
+    cfg = dict(density=0.5, tile=16, q_window=(1, 4, 4), k_window=(1, 4, 4), backend="dense")
+    eager, compiled = HVAttention(HVAConfig(**cfg)), HVAttention(HVAConfig(**cfg, compile=True))
+    for _ in range(2):  # an anchor call, then a hybrid one
+        torch.testing.assert_close(compiled(q, k, v, grid=grid), eager(q, k, v, grid=grid))
+    assert compiled.last_stats["tile_efficiency"] == eager.last_stats["tile_efficiency"]
