@@ -516,12 +516,16 @@ def cmd_calibrate(args) -> int:
     pipe, _ = _load(args)
     pipe.set_progress_bar_config(disable=True)
 
-    def progress(i, n, what="recording maps"):
-        print(f"\r{what}: {i}/{n}", end="", file=sys.stderr, flush=True)
+    def progress(i, n):
+        print(f"\rrecording maps: {i}/{n}", end="", file=sys.stderr, flush=True)
+
+    def sensitivity_progress(i, n):
+        print(f"\rmeasuring step sensitivity: {i}/{n} prompts", end="", file=sys.stderr, flush=True)
 
     report = calibrate(pipe, prompts, args.output, seeds=args.seeds, held_out=args.held_out,
                        group_size=args.group_size, maps=args.maps, train_steps=args.train_steps,
-                       sensitivity_prompts=args.sensitivity_prompts, progress=progress, **fields)
+                       sensitivity_prompts=args.sensitivity_prompts, progress=progress,
+                       sensitivity_progress=sensitivity_progress, **fields)
     print(file=sys.stderr)
     m = report["metrics"]
     print(f"{report['records']} maps ({report['calibration_prompts']} calibration / {report['held_out_prompts']} "

@@ -329,3 +329,25 @@ def test_composes_with_an_attention_accelerator(wan):
     np.testing.assert_allclose(both.frames, alone, atol=2e-3)  # same plan; math vs fused SDPA kernel rounding
     assert all(getattr(m.processor, "_attention_backend", None) is None
                for m in wan.transformer.modules() if hasattr(m, "processor") and m.processor is not None)
+
+
+def test_sensitivity_probes_follow_the_group_size(wan):
+    from kinegen.training.calibrate import measure_sensitivity
+
+    out = measure_sensitivity(wan, ["a red circle moving right"], group_size=2, steps=4, height=64, width=64,
+                              frames=9)
+    assert len(out["profile"]) == 4 and np.isfinite(out["profile"]).all()
+
+
+def test_a_fixed_plan_of_the_wrong_shape_is_refused(wan):
+    from kinegen.adapters import transformers_of
+    from kinegen.caching.map_guided import MapGuidedCache
+
+    c = MapGuidedCache(transformers_of(wan)[0], MapGuidedCacheConfig(speedup=1.0), RunInfo(num_inference_steps=4))
+    c.source, c.source_note, c.plan_override = "fixed", "fixed", np.ones((4, 1), dtype=bool)  # tiny-wan has 2 groups
+    c.install()
+    try:
+        with pytest.raises(ConfigError, match=r"\[steps, groups\]"):
+            wan(prompt="a red circle", num_inference_steps=4, height=64, width=64, num_frames=9, output_type="np")
+    finally:
+        c.uninstall()

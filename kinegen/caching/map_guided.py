@@ -3,11 +3,13 @@
 Before the first denoising step the Map Predictor (:mod:`kinegen.models.map_predictor`) turns
 the prompt embedding, the initial noise, the size, the step count and the guidance into a TVMap
 (:mod:`kinegen.caching.tvmap`): for each block group and step, how much the group's contribution
-will change. The orientation planner (dynamic programming, :func:`planner.orientation_plan`)
-chooses, per group, on which steps to compute and where to reuse, minimising the accumulated
-predicted drift; the quantity planner (:func:`planner.quantity_plan`) sets how many steps each
-group computes so that the transformer reaches the requested speedup. During denoising the block
-hooks only look up a host-side boolean plan: no device syncs, no thresholds.
+will change. The planners (:mod:`kinegen.caching.planner`) choose, per group, on which steps to
+compute and where to reuse, minimising the accumulated predicted drift weighted by the step-sensitivity
+profile measured at calibration, within the compute budget of the requested speedup. By default
+(``planner="nested"``, :func:`planner.nested_plan`) the groups are nested in execution order, so the
+computed groups of a step always form a prefix of the network; ``planner="dp"`` plans every group on
+its own (orientation + quantity planners), ``planner="threshold"`` is the greedy per-step ablation.
+During denoising the block hooks only look up a host-side boolean plan: no device syncs, no thresholds.
 
 Hooks (diffusers ``ModelHook``): one root hook on the transformer (counts steps per guidance
 branch, predicts and plans at step 0, measures the time spent outside the blocks) and one hook per
@@ -394,7 +396,11 @@ class MapGuidedCache:
         if target > top:  # the measured overhead leaves less to save than the request needs: say so, plan the most
             run.capped_to = target = top
         if self.plan_override is not None:
-            run.plan = planners.Plan(np.asarray(self.plan_override, dtype=bool), self.group_costs, 0.0)
+            fixed = np.asarray(self.plan_override, dtype=bool)
+            if fixed.shape != (run.steps, len(self.groups)):
+                raise ConfigError(f"mapguided: a fixed plan must be [steps, groups] = {(run.steps, len(self.groups))}; "
+                                  f"got {fixed.shape}")
+            run.plan = planners.Plan(fixed, self.group_costs, 0.0)
             run.plan_s = time.perf_counter() - t0
             return
         plan_fn = {"nested": planners.nested_plan, "dp": planners.quantity_plan,

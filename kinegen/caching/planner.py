@@ -239,6 +239,8 @@ def lagrangian_path(cost: np.ndarray, allowed: np.ndarray, price: float) -> tupl
     last segment, ``F[e] = min_s F[s] + c(s, e) + price``; returns the computed mask and its drift.
     """
     steps = cost.shape[0]
+    if not (allowed[0] and allowed[-1]):
+        raise ValueError("lagrangian_path: the first and the last step must be allowed")
     f = np.full(steps, INF)
     back = np.zeros(steps, dtype=np.int64)
     f[0] = 0.0
@@ -250,12 +252,14 @@ def lagrangian_path(cost: np.ndarray, allowed: np.ndarray, price: float) -> tupl
         back[e] = int(np.argmin(tot))
         f[e] = tot[back[e]] + price
     mask = np.zeros(steps, dtype=bool)
-    e = steps - 1
+    e, drift = steps - 1, 0.0
     mask[e] = True
     while e > 0:
-        e = back[e]
-        mask[e] = True
-    return mask, float(f[-1] - price * (mask.sum() - 1))
+        s = back[e]
+        drift += cost[s, e]
+        mask[s] = True
+        e = s
+    return mask, float(drift)
 
 
 def nested_plan(v: np.ndarray, speedup: float, guards: Guards, group_costs: np.ndarray | None = None,

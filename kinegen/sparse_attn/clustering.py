@@ -190,7 +190,8 @@ def update_centroids(x: torch.Tensor, labels: torch.Tensor,
                      centroids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Lloyd's update: each centroid becomes the mean of its tokens; empty clusters keep their centroid.
 
-    Returns ``(centroids, sizes)`` with sizes ``[B, H, K]``.
+    Returns ``(centroids, sizes)``, both float32 (centroids ``[B, H, K, D]``, sizes ``[B, H, K]``), whatever
+    the dtype of ``x``.
     """
     B, Hh, N, D = x.shape
     K = centroids.shape[2]
@@ -199,7 +200,7 @@ def update_centroids(x: torch.Tensor, labels: torch.Tensor,
     sizes = torch.zeros(B, Hh, K, dtype=torch.float32, device=x.device)
     sizes.scatter_add_(2, labels, torch.ones_like(labels, dtype=torch.float32))
     new = torch.where(sizes.unsqueeze(-1) > 0, sums / sizes.clamp(min=1).unsqueeze(-1), centroids.float())
-    return new.to(x.dtype), sizes
+    return new, sizes  # fp32: the state's centroids are exact means (HVAttention._merge relies on it)
 
 
 def grid_init(x: torch.Tensor, wg: WindowGrid, per_window: int, update_fn=None) -> torch.Tensor:

@@ -57,7 +57,8 @@ class HVAConfig:
             ``triton`` or ``dense`` (masked reference).
         kernel: clustering kernel: ``auto`` (Triton on CUDA, torch elsewhere), ``torch`` or ``triton``.
         compile: run cluster merging through ``torch.compile`` (on a GPU this fuses its few hundred small
-            operations per call into a few kernels; compiles once per shape).
+            operations per call into a few kernels; compiles once per shape, so past torch's recompile
+            limit of distinct shapes, 8 by default, it runs eagerly).
         dense_warmup: in pipelines, the share of denoising steps (the first ones) run with dense attention.
         dense_layers: in pipelines, leading transformer layers that stay dense.
     """
@@ -146,12 +147,13 @@ class _Timer:
 
     def __init__(self, x: torch.Tensor):
         self.cuda = x.is_cuda
+        self.device = x.device
         self.marks: list = []
 
     def mark(self) -> None:
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
-            event.record()
+            event.record(torch.cuda.current_stream(self.device))
             self.marks.append(event)
         else:
             self.marks.append(time.perf_counter())
@@ -320,7 +322,8 @@ def _add_text_cluster(lq, lk, keep, nq, nk, n_text, text_valid=None):
     keep[:, :, Kk] = True  # every query attends to the (valid) text keys
     keep[:, Kq, : Kk + 1] = True  # text queries attend to every valid key
     nq = torch.cat([nq, torch.full((G, 1), n_text, dtype=nq.dtype, device=nq.device)], 1)
-    n_valid = text_valid.sum(1, keepdim=True) if text_valid is not None else torch.full((G, 1), n_text)
+    n_valid = (text_valid.sum(1, keepdim=True) if text_valid is not None else
+               torch.full((G, 1), n_text, dtype=nk.dtype, device=nk.device))
     nk = torch.cat([nk, n_valid.to(nk), (n_text - n_valid).to(nk)], 1)
     keep &= (nq > 0).unsqueeze(-1) & (nk > 0).unsqueeze(1)
     return lq, lk, keep, nq, nk

@@ -125,4 +125,4 @@ def update_centroids_triton(x: torch.Tensor, labels: torch.Tensor,
     update_kernel[(B * H, (N + BN - 1) // BN)](x.contiguous(), labels.contiguous(), sums, counts, N, K, D, BN=BN,
                                               BD=min(64, _next_pow2(D)))
     new = torch.where(counts.unsqueeze(-1) > 0, sums / counts.clamp(min=1).unsqueeze(-1), centroids.float())
-    return new.to(x.dtype), counts
+    return new, counts

@@ -105,8 +105,8 @@ def measure_sensitivity(pipe, prompts: list[str], *, group_size: int = 1, progre
         for t in range(1, steps - 1):
             plan = np.ones(v.shape, dtype=bool)
             plan[t] = False
-            c = MapGuidedCache(transformers_of(pipe)[0], MapGuidedCacheConfig(speedup=1.0, sensitivity=False),
-                               info)
+            c = MapGuidedCache(transformers_of(pipe)[0],
+                               MapGuidedCacheConfig(speedup=1.0, sensitivity=False, group_size=group_size), info)
             c.source, c.source_note = "fixed", "a fixed plan (sensitivity probe)"
             c.plan_override = plan
             c.install()
@@ -117,7 +117,7 @@ def measure_sensitivity(pipe, prompts: list[str], *, group_size: int = 1, progre
             ratio[t] = (np.linalg.norm(y - ref) / max(np.linalg.norm(ref), EPS)) / max(float(v[t].sum()), EPS)
         logs.append(np.log(np.maximum(ratio, EPS)))
         if progress:
-            progress(i + 1, len(prompts), "measuring step sensitivity")
+            progress(i + 1, len(prompts))
     profile = np.ones(len(logs[0]))
     profile[1:-1] = np.exp(np.stack(logs)[:, 1:-1].mean(0))
     profile[0], profile[-1] = profile[1], profile[-2]
@@ -209,7 +209,7 @@ def evaluate_predictor(model, records: list[dict]) -> dict:
 
 def calibrate(pipe, prompts: list[str], output: str | Path, *, seeds: int = 1, held_out: float = 0.2,
               group_size: int = 1, maps: str | Path | None = None, train_steps: int = 2000,
-              sensitivity_prompts: int = 4, progress=None, **fields) -> dict:
+              sensitivity_prompts: int = 4, progress=None, sensitivity_progress=None, **fields) -> dict:
     """Record maps (or read ``maps``), fit the predictor on calibration prompts, evaluate on held-out ones,
     and measure the step-sensitivity profile on the first ``sensitivity_prompts`` calibration prompts."""
     from ..caching.tvmap import load_maps
@@ -247,8 +247,10 @@ def calibrate(pipe, prompts: list[str], output: str | Path, *, seeds: int = 1, h
         probe = list(dict.fromkeys(records[i]["prompt"] for i in train_idx))[:sensitivity_prompts]
         r0 = records[train_idx[0]]
         frames, height, width = r0["size"]
-        sensitivity = measure_sensitivity(pipe, probe, group_size=group_size, progress=progress, frames=frames,
-                                          height=height, width=width, steps=r0["steps"], guidance=r0["guidance"])
+        probe_fields = {**fields, "frames": frames, "height": height, "width": width, "steps": r0["steps"],
+                        "guidance": r0["guidance"]}  # the conditions the maps were recorded under
+        sensitivity = measure_sensitivity(pipe, probe, group_size=group_size, progress=sensitivity_progress,
+                                          **probe_fields)
         model.config.sensitivity = sensitivity["profile"]
     model.save(out)
     report = {"model": spec.name, "records": len(records), "calibration_prompts": len(train_idx),
