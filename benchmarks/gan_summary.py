@@ -46,10 +46,13 @@ def main():
     sep = "|" + "---|" * (len(METRICS) + 5)
     print("## MP-GAN against R3GAN (mean over seeds, each seed in brackets)\n")
     print(head + "\n" + sep)
-    print(row("MP-GAN (lr 3e-3)", ["mp3-s0", "mp3-s1"]))
-    print(row("R3GAN baseline (lr 2e-4)", ["r3gan-s0", "r3gan-s1"]))
-    if (RESULTS / "r3gan6-s1.json").is_file():
-        print(row("R3GAN baseline (lr 6e-4)", ["r3gan6-s0", "r3gan6-s1"]))
+    def seeds(prefix):
+        return [f"{prefix}-s{i}" for i in range(10) if (RESULTS / f"{prefix}-s{i}.json").is_file()]
+
+    print(row("MP-GAN (lr 3e-3)", seeds("mp3")))
+    print(row("R3GAN baseline (lr 2e-4)", seeds("r3gan")))
+    if seeds("r3gan6"):
+        print(row("R3GAN baseline (lr 6e-4)", seeds("r3gan6")))
     print("\n## Ablation (seed 0)\n")
     print(head + "\n" + sep)
     for label, name in [("MP-GAN (all changes, lr 3e-3)", "mp3-s0"), ("- MP residuals", "mp3-no-mp_residual"),

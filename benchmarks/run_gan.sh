@@ -29,4 +29,6 @@ lane_a & lane_b & wait
 R36=(--variant r3gan --widths 192,176,144,96 --steps 625 --lr 0.0006)   # the baseline's second learning rate
 run mp-s0 --seed 0 --steps 1000 --lr 0.01 & run r3gan6-s0 --seed 0 "${R36[@]}" & wait   # lr 1e-2: ablation row
 run r3gan6-s1 --seed 1 "${R36[@]}"
+# A third seed of the MP-GAN and of the stronger baseline (R3GAN at lr 6e-4), side by side.
+run mp3-s2 --seed 2 "${MP[@]}" & run r3gan6-s2 --seed 2 "${R36[@]}" & wait
 echo done
