@@ -210,6 +210,17 @@ def _check_speedup(speedup: float, steps: int, guards: Guards, overhead: float) 
             "Lower the speedup, raise max_reuse, or use more steps.")
 
 
+def _setup(v, speedup: float, guards: Guards, group_costs, overhead: float):
+    """The map as float64, the group costs, and the compute budget in group-cost units (``None`` for a
+    speedup of 1: compute everything). Raises :class:`ConfigError` for an impossible speedup."""
+    v = np.asarray(v, dtype=np.float64)
+    steps, groups = v.shape
+    costs = np.ones(groups) if group_costs is None else np.asarray(group_costs, dtype=np.float64)
+    _check_speedup(speedup, steps, guards, overhead)
+    budget = None if speedup == 1.0 else compute_budget(speedup, overhead) * steps * costs.sum()
+    return v, costs, budget
+
+
 def quantity_plan(v: np.ndarray, speedup: float, guards: Guards, group_costs: np.ndarray | None = None,
                   overhead: float = 0.0, weights: np.ndarray | None = None) -> Plan:
     """The quantity planner: a requested ``speedup`` -> a budget -> computed steps per group -> a plan.
@@ -217,13 +228,10 @@ def quantity_plan(v: np.ndarray, speedup: float, guards: Guards, group_costs: np
     ``overhead`` is the share of transformer time spent outside the planned blocks (embedders, final
     layer, hooks), measured by the cache itself. Raises :class:`ConfigError` for an impossible speedup.
     """
-    v = np.asarray(v, dtype=np.float64)
+    v, costs, budget = _setup(v, speedup, guards, group_costs, overhead)
     steps, groups = v.shape
-    costs = np.ones(groups) if group_costs is None else np.asarray(group_costs, dtype=np.float64)
-    _check_speedup(speedup, steps, guards, overhead)
-    if speedup == 1.0:
+    if budget is None:
         return Plan(np.ones((steps, groups), dtype=bool), costs, 0.0)
-    budget = compute_budget(speedup, overhead) * steps * costs.sum()
     best, choice = orientation_plan(v, guards, weights)
     k = _allocate(best, costs, budget)
     compute = np.stack([choice[g, k[g]] for g in range(groups)], axis=1)
@@ -273,13 +281,10 @@ def nested_plan(v: np.ndarray, speedup: float, guards: Guards, group_costs: np.n
     :func:`lagrangian_path` under one price per unit of compute, bisected until the plan fits the budget
     of the requested speedup.
     """
-    v = np.asarray(v, dtype=np.float64)
+    v, costs, budget = _setup(v, speedup, guards, group_costs, overhead)
     steps, groups = v.shape
-    costs = np.ones(groups) if group_costs is None else np.asarray(group_costs, dtype=np.float64)
-    _check_speedup(speedup, steps, guards, overhead)
-    if speedup == 1.0:
+    if budget is None:
         return Plan(np.ones((steps, groups), dtype=bool), costs, 0.0)
-    budget = compute_budget(speedup, overhead) * steps * costs.sum()
     seg = segment_costs(v, guards, weights)  # [G, s, e]
 
     def plan(price: float) -> tuple[np.ndarray, float]:
