@@ -272,20 +272,27 @@ def hva_module(args, device, dtype, size="480p"):
                                                     tile=16 if args.smoke else 64, q_clusters=calls[0]["q_clusters"],
                                                     k_clusters=calls[0]["k_clusters"]))
     for i in range(3):
-        t = time.perf_counter()
-        out = base(q, k, v, grid=grid)
-        torch.cuda.synchronize() if device.type == "cuda" else None
-        wall = (time.perf_counter() - t) * 1e3
-        s = base.last_stats
-        err = ((out.float() - dense.float()).norm() / dense.float().norm()).item()
-        row = {"case": "kmeans-sparse", "call": i, "anchor": s["anchor"], "wall_ms": wall,
-               "clustering_ms": s["clustering_s"] * 1e3, "layout_ms": s["layout_s"] * 1e3,
-               "attention_ms": s["attention_s"] * 1e3, "density": s["density"],
-               "tile_efficiency": s["tile_efficiency"], "rel_l2": err, "distance_evals": s["distance_evals"]}
-        RESULTS["hva"].append(row)
-        log(f"kmeans-sparse call {i}: wall {wall:.1f} ms = clustering {row['clustering_ms']:.1f} + layout "
-            f"{row['layout_ms']:.1f} + attention {row['attention_ms']:.1f}; density {s['density']:.3f}, "
-            f"tile eff {s['tile_efficiency']:.2f}, rel L2 {err:.3f}")
+        timed_call(base, "kmeans-sparse", size, i, q, k, v, dense, grid, device)
+
+
+def timed_call(attn, label, size, i, q, k, v, dense, grid, device) -> dict:
+    """One synchronised call of a sparse attention module: a result row (stored and logged); its stats."""
+    t = time.perf_counter()
+    out = attn(q, k, v, grid=grid)
+    torch.cuda.synchronize() if device.type == "cuda" else None
+    wall = (time.perf_counter() - t) * 1e3
+    s = attn.last_stats
+    err = ((out.float() - dense.float()).norm() / dense.float().norm()).item()
+    row = {"case": label, "size": size, "call": i, "anchor": s["anchor"], "wall_ms": wall,
+           "clustering_ms": s["clustering_s"] * 1e3, "layout_ms": s["layout_s"] * 1e3,
+           "attention_ms": s["attention_s"] * 1e3, "density": s["density"],
+           "tile_efficiency": s["tile_efficiency"], "rel_l2": err, "q_clusters": s["q_clusters"],
+           "k_clusters": s["k_clusters"], "distance_evals": s["distance_evals"]}
+    RESULTS["hva"].append(row)
+    log(f"{label} call {i} ({'anchor' if s['anchor'] else 'hybrid'}): wall {wall:.1f} ms; GPU time: clustering "
+        f"{row['clustering_ms']:.1f} + layout {row['layout_ms']:.1f} + attention {row['attention_ms']:.1f}; "
+        f"density {s['density']:.3f}, tile eff {s['tile_efficiency']:.2f}, rel L2 {err:.3f}")
+    return s
 
 
 def hva_calls(args, device, q, k, v, dense, grid, compiled, calls, density, size):
@@ -298,22 +305,7 @@ def hva_calls(args, device, q, k, v, dense, grid, compiled, calls, density, size
     hva = HVAttention(cfg)
     label = f"hva{' compiled' if compiled else ''} {size} d={density}"
     for i in range(6):  # anchor, four hybrid calls, anchor (anchor_every=5)
-        t = time.perf_counter()
-        out = hva(q, k, v, grid=grid)
-        torch.cuda.synchronize() if device.type == "cuda" else None
-        wall = (time.perf_counter() - t) * 1e3
-        s = hva.last_stats
-        err = ((out.float() - dense.float()).norm() / dense.float().norm()).item()
-        calls.append(s)
-        row = {"case": label, "size": size, "call": i, "anchor": s["anchor"], "wall_ms": wall,
-               "clustering_ms": s["clustering_s"] * 1e3, "layout_ms": s["layout_s"] * 1e3,
-               "attention_ms": s["attention_s"] * 1e3, "density": s["density"],
-               "tile_efficiency": s["tile_efficiency"], "rel_l2": err, "q_clusters": s["q_clusters"],
-               "k_clusters": s["k_clusters"], "distance_evals": s["distance_evals"]}
-        RESULTS["hva"].append(row)
-        log(f"{label} call {i} ({'anchor' if s['anchor'] else 'hybrid'}): wall {wall:.1f} ms; GPU time: clustering "
-            f"{row['clustering_ms']:.1f} + layout {row['layout_ms']:.1f} + attention {row['attention_ms']:.1f}; "
-            f"density {s['density']:.3f}, tile eff {s['tile_efficiency']:.2f}, rel L2 {err:.3f}")
+        calls.append(timed_call(hva, label, size, i, q, k, v, dense, grid, device))
     if device.type == "cuda" and args.diagnose:
         diagnose(label, hva, q, k, v, grid)
 
