@@ -565,15 +565,29 @@ def cmd_train(args) -> int:
         from .training.adherence import train_adherence as run
     result = Path(run(args.run, cfg))
     if args.export:
+        # Build the export beside its destination, then swap it in: an interrupted export never leaves
+        # a half-written model where the old one was.
         dest = Path(args.export)
-        if dest.exists():
-            shutil.rmtree(dest)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
         if result.is_dir():
-            shutil.copytree(result, dest)
+            shutil.copytree(result, tmp)
         else:
-            dest.mkdir(parents=True)
-            shutil.copy2(result, dest / "model.safetensors")
-            (dest / "config.json").write_text(json.dumps({"width": 16, "trained_steps": cfg.steps}, indent=2))
+            tmp.mkdir()
+            shutil.copy2(result, tmp / "model.safetensors")
+            recipe = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("max_minutes", "checkpoint_every")}
+            (tmp / "config.json").write_text(json.dumps({"width": 16, **recipe, "trained_steps": cfg.steps},
+                                                        indent=2))
+        old = dest.with_name(f".{dest.name}.old")
+        if dest.exists():
+            if old.exists():
+                shutil.rmtree(old)
+            dest.rename(old)
+        tmp.rename(dest)
+        if old.exists():
+            shutil.rmtree(old)
         print(f"exported to {dest}")
     return 0
 

@@ -106,3 +106,17 @@ def test_two_object_captions_name_both():
         for o in spec.objects:
             assert o.colour in spec.caption
         assert " and a" in spec.caption
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_mask_marks_exactly_the_object(seed):
+    from kinegen.data.shapes import render_mask
+
+    spec = sample_clip(seed, num_objects=1)
+    clip, mask = render_clip(spec, 9, 96, 96), render_mask(spec, 9, 96, 96)
+    assert mask.shape == (9, 96, 96) and mask.min() >= 0 and mask.max() == 1
+    near = (np.abs(clip.astype(np.int16) - np.array(COLOURS[spec.primary.colour], np.int16)).max(-1) < 40)
+    inside = mask > 0.99
+    # every fully covered pixel has the object's colour; the object's colour off the mask is background noise
+    assert near[inside].mean() > 0.99
+    assert near[mask < 0.01].mean() < 0.01 or spec.texture == "noisy"

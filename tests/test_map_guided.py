@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 import numpy as np
@@ -351,3 +352,21 @@ def test_a_fixed_plan_of_the_wrong_shape_is_refused(wan):
             wan(prompt="a red circle", num_inference_steps=4, height=64, width=64, num_frames=9, output_type="np")
     finally:
         c.uninstall()
+
+
+def test_predictor_from_other_weights_is_refused(wan, tiny_predictor):
+    from kinegen.models.map_predictor import MapPredictor, fingerprints_match, weights_fingerprint
+
+    folder, _ = tiny_predictor
+    recorded = MapPredictor.load(folder).config.transformer_fingerprint
+    assert fingerprints_match(recorded, weights_fingerprint(wan.transformer))
+    assert fingerprints_match(recorded, weights_fingerprint(copy.deepcopy(wan.transformer).to(torch.bfloat16)))
+    saved = copy.deepcopy(wan.transformer.state_dict())
+    try:
+        with torch.no_grad():
+            for p in wan.transformer.parameters():  # "retrained": every weight moved
+                p.add_(0.05 * torch.randn_like(p))
+        with pytest.raises(ConfigError, match="calibrated on other weights"):
+            _gen(wan, f"mapguided:speedup=2,overhead=0,map=predicted,predictor={folder}")
+    finally:
+        wan.transformer.load_state_dict(saved)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from kinegen.models.shapes_t2v import build_text_encoder, build_tokenizer, build_transformer, encode_text
@@ -77,3 +78,41 @@ def test_adherence_classifier_shapes():
     assert x.shape == (2, 3, 17, 64, 64) and -1 <= x.min() and x.max() <= 1
     logits = AdherenceClassifier()(x)
     assert {k: v.shape for k, v in logits.items()} == {"shape": (2, 4), "colour": (2, 7), "motion": (2, 8)}
+
+
+def test_latent_object_masks_follow_the_vae_grid():
+    from kinegen.data.shapes import render_mask, sample_clip
+    from kinegen.training.t2v import latent_object_masks
+
+    spec = sample_clip(5, num_objects=1)
+    m = latent_object_masks([spec], 17, 128)
+    assert m.shape == (1, 1, 5, 16, 16) and set(m.unique().tolist()) <= {0.0, 1.0}
+    px = render_mask(spec, 17, 128, 128)
+    # latent frame 2 stands for video frames 5-8: a latent pixel is on iff the object touches its 8x8 cell
+    cell = px[5:9].max(0).reshape(16, 8, 16, 8).max((1, 3)) > 0.5
+    assert (m[0, 0, 2].numpy() == cell).all() and 0 < cell.sum() < 100
+
+
+def test_object_weighted_flow_loss():
+    from kinegen.training.t2v import _flow_loss
+
+    pred, target = torch.zeros(1, 1, 1, 2, 2), torch.tensor([1.0, 0, 0, 0]).view(1, 1, 1, 2, 2)
+    mask = torch.tensor([1.0, 0, 0, 0]).view(1, 1, 1, 2, 2)
+    assert _flow_loss(pred, target, None, 4.0) == pytest.approx(0.25)
+    # the error sits on the object: weight 5 of a total 8
+    assert _flow_loss(pred, target, mask, 4.0) == pytest.approx(5 / 8)
+    assert _flow_loss(pred, target, 1 - mask, 4.0) == pytest.approx(1 / 16)
+
+
+def test_train_export_replaces_the_folder_whole(tmp_path):
+    from kinegen.adherence import load_classifier
+    from kinegen.cli import main
+
+    dest = tmp_path / "models" / "clf"
+    for steps in (1, 2):
+        assert main(["train", "adherence", "--run", str(tmp_path / f"run{steps}"), "--steps", str(steps),
+                     "--batch-size", "2", "--export", str(dest)]) == 0
+        config = json.loads((dest / "config.json").read_text())
+        assert config["trained_steps"] == steps and config["batch_size"] == 2
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["clf"]  # no temporary or old copies left
+    load_classifier(dest)

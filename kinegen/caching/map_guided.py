@@ -158,7 +158,7 @@ def bundled_predictor_dir(model_key: str) -> Path | None:
 
 def _load_predictor(config: MapGuidedCacheConfig, run: RunInfo, transformer, group_names: list[str]):
     """(predictor or None, reason it is absent)."""
-    from ..models.map_predictor import MapPredictor
+    from ..models.map_predictor import MapPredictor, fingerprints_match, weights_fingerprint
 
     explicit = bool(config.predictor)
     folder = Path(config.predictor) if explicit else bundled_predictor_dir(run.model_key)
@@ -174,6 +174,9 @@ def _load_predictor(config: MapGuidedCacheConfig, run: RunInfo, transformer, gro
                         f"(group_size={config.group_size})")
     if run.model_key and c.model_key and c.model_key != run.model_key and not explicit:
         problems.append(f"it belongs to {c.model_key}, not {run.model_key}")
+    if c.transformer_fingerprint and not problems and not fingerprints_match(
+            c.transformer_fingerprint, weights_fingerprint(transformer)):
+        problems.append("it was calibrated on other weights of this model (retrained or fine-tuned since)")
     if problems:
         msg = f"Map Predictor {folder} does not fit: " + "; ".join(problems) + \
               ". Train one for this model with `kinegen calibrate --model M --prompts FILE`."

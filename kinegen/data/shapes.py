@@ -317,28 +317,49 @@ def _background(name: str, texture: str, h: int, w: int, seed: int) -> np.ndarra
     return np.clip(img, 0, 255)
 
 
-def render_clip(spec: ClipSpec, frames: int = 17, height: int = 128, width: int = 128) -> np.ndarray:
-    """Draw ``spec`` as uint8 ``[frames, height, width, 3]`` (anti-aliased, 4x supersampled edges)."""
+def _draw_objects(spec: ClipSpec, canvas: np.ndarray, u: float, colour_of) -> None:
+    """Draw every object of ``spec`` at time ``u`` in [0, 1] onto ``canvas`` (in place)."""
     import cv2
 
-    if frames < 1 or height < 8 or width < 8:
-        raise ValueError("a clip needs at least 1 frame and 8x8 pixels")
-    bg = _background(spec.background, spec.texture, height, width, spec.seed)
-    out = np.empty((frames, height, width, 3), np.uint8)
+    height, width = canvas.shape[:2]
     side = min(height, width)
     shift = 4  # cv2 fixed-point bits: sub-pixel positions
+    for obj in spec.objects:
+        cx, cy, scale = _trajectory(obj, u)
+        px, py, r = cx * width, cy * height, obj.size * side * scale
+        colour = colour_of(obj)
+        if obj.shape == "circle":
+            cv2.circle(canvas, (round(px * 16), round(py * 16)), max(1, round(r * 16)), colour, -1, cv2.LINE_AA,
+                       shift)
+        else:
+            pts = np.round(_polygon(obj.shape, px, py, r, obj.rotation) * 16).astype(np.int32)
+            cv2.fillPoly(canvas, [pts], colour, cv2.LINE_AA, shift)
+
+
+def _check_size(frames: int, height: int, width: int) -> None:
+    if frames < 1 or height < 8 or width < 8:
+        raise ValueError("a clip needs at least 1 frame and 8x8 pixels")
+
+
+def render_clip(spec: ClipSpec, frames: int = 17, height: int = 128, width: int = 128) -> np.ndarray:
+    """Draw ``spec`` as uint8 ``[frames, height, width, 3]`` (anti-aliased, 4x supersampled edges)."""
+    _check_size(frames, height, width)
+    bg = _background(spec.background, spec.texture, height, width, spec.seed)
+    out = np.empty((frames, height, width, 3), np.uint8)
     for f in range(frames):
-        u = f / max(frames - 1, 1)
         img = bg.copy()
-        for obj in spec.objects:
-            cx, cy, scale = _trajectory(obj, u)
-            px, py, r = cx * width, cy * height, obj.size * side * scale
-            colour = tuple(float(v) for v in COLOURS[obj.colour])
-            if obj.shape == "circle":
-                cv2.circle(img, (round(px * 16), round(py * 16)), max(1, round(r * 16)), colour, -1, cv2.LINE_AA,
-                           shift)
-            else:
-                pts = np.round(_polygon(obj.shape, px, py, r, obj.rotation) * 16).astype(np.int32)
-                cv2.fillPoly(img, [pts], colour, cv2.LINE_AA, shift)
+        _draw_objects(spec, img, f / max(frames - 1, 1), lambda obj: tuple(float(v) for v in COLOURS[obj.colour]))
         out[f] = np.clip(img, 0, 255).astype(np.uint8)
+    return out
+
+
+def render_mask(spec: ClipSpec, frames: int = 17, height: int = 128, width: int = 128) -> np.ndarray:
+    """Object coverage of ``spec`` as float32 ``[frames, height, width]`` in [0, 1], aligned with
+    :func:`render_clip` (same trajectories and anti-aliased edges)."""
+    _check_size(frames, height, width)
+    out = np.zeros((frames, height, width), np.float32)
+    for f in range(frames):
+        img = np.zeros((height, width), np.float32)
+        _draw_objects(spec, img, f / max(frames - 1, 1), lambda obj: 1.0)
+        out[f] = img
     return out

@@ -49,10 +49,28 @@ class MapPredictorConfig:
     # how much an error made at each step moves the final output, per unit of map drift, on normalised
     # time (kinegen.training.calibrate.measure_sensitivity); empty when not measured
     sensitivity: list[float] = dataclasses.field(default_factory=list)
+    # a few weights of the transformer it was calibrated on (weights_fingerprint); empty = not recorded
+    transformer_fingerprint: list[float] = dataclasses.field(default_factory=list)
 
     @property
     def feature_dim(self) -> int:
         return self.text_dim + 2 * self.latent_channels + NUM_SCALARS
+
+
+def weights_fingerprint(module: nn.Module, n: int = 256) -> list[float]:
+    """One weight from each of up to ``n`` parameter tensors (evenly spaced in name order; the middle
+    element of each): enough to tell a retrained or fine-tuned transformer from the one a predictor
+    was calibrated on, and the same whether the weights were loaded in fp32, bf16 or fp16."""
+    named = sorted(module.named_parameters(), key=lambda kv: kv[0])
+    if not named:
+        return []
+    picks = [named[round(i * (len(named) - 1) / max(1, n - 1))] for i in range(min(n, len(named)))]
+    return [float(p.detach().reshape(-1)[p.numel() // 2]) for _, p in picks]
+
+
+def fingerprints_match(a: list[float], b: list[float]) -> bool:
+    """Equal up to half-precision rounding (relative 1e-2)."""
+    return len(a) == len(b) and all(abs(x - y) <= 1e-2 * max(abs(x), abs(y)) + 1e-6 for x, y in zip(a, b, strict=True))
 
 
 class MapPredictor(nn.Module):

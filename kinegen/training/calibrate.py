@@ -215,6 +215,7 @@ def calibrate(pipe, prompts: list[str], output: str | Path, *, seeds: int = 1, h
     from ..caching.tvmap import load_maps
     from ..generation import _spec_of
     from ..media import atomic_write_text
+    from ..models.map_predictor import weights_fingerprint
 
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
@@ -242,6 +243,7 @@ def calibrate(pipe, prompts: list[str], output: str | Path, *, seeds: int = 1, h
     metrics = {"train": evaluate_predictor(model, [records[i] for i in train_idx]),
                "held_out": evaluate_predictor(model, [records[i] for i in test_idx])}
     model.config.metrics = metrics
+    model.config.transformer_fingerprint = weights_fingerprint(pipe.transformer)
     sensitivity = None
     if sensitivity_prompts > 0:
         probe = list(dict.fromkeys(records[i]["prompt"] for i in train_idx))[:sensitivity_prompts]

@@ -30,6 +30,7 @@ class T2VTrainConfig:
     cfg_dropout: float = 0.1
     flow_shift: float = 3.0
     ema: float = 0.999
+    object_weight: float = 4.0  # extra loss weight on latent pixels an object covers (0 = plain MSE)
     seed: int = 0
     max_minutes: float | None = None
     checkpoint_every: int = 250

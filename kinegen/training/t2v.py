@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from ..data.shapes import recaption, render_clip, sample_clip
+from ..data.shapes import recaption, render_clip, render_mask, sample_clip
 from ..models.shapes_t2v import (
     MAX_SEQUENCE_LENGTH,
     build_scheduler,
@@ -104,9 +104,38 @@ def encode_text_compact(tokenizer, text_encoder, prompts: list[str], total: int 
     return states, total - (states.shape[1] - 1)
 
 
+def latent_object_masks(specs, frames: int, size: int, temporal: int = 4, spatial: int = 8) -> torch.Tensor:
+    """Where the objects are, on the VAE's latent grid: ``[N, 1, 1 + (frames - 1) / temporal, size / spatial,
+    size / spatial]`` in {0, 1}.
+
+    Latent frame 0 covers video frame 0 and latent frame ``k`` frames ``temporal * (k - 1) + 1 ..
+    temporal * k`` (the Wan VAE's causal chunks); a latent pixel counts as object if any of its pixels
+    in any of its frames is.
+    """
+    out = []
+    for spec in specs:
+        m = torch.from_numpy(render_mask(spec, frames, size, size))
+        m = torch.cat([m[:1], m[1:].unflatten(0, (-1, temporal)).amax(1)])
+        out.append(F.max_pool2d(m[:, None], spatial)[:, 0] > 0.5)
+    return torch.stack(out)[:, None].float()
+
+
 def _sigmas(n: int, shift: float, gen: torch.Generator) -> torch.Tensor:
     u = torch.sigmoid(torch.randn(n, generator=gen))
     return shift * u / (1 + (shift - 1) * u)
+
+
+def _flow_loss(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None, object_weight: float):
+    """Mean squared error, with latent pixels covered by an object weighted ``1 + object_weight``.
+
+    Objects cover ~7% of a clip; unweighted, the flat background dominates the loss and the model
+    learns colour and motion long before it learns outlines.
+    """
+    err = (pred - target).square()
+    if mask is None:
+        return err.mean()
+    w = 1 + object_weight * mask
+    return (err * w).mean() / w.mean()
 
 
 def _rope_to_float32(transformer) -> None:
@@ -131,6 +160,7 @@ def train_t2v(run_dir: str | Path, cfg: T2VTrainConfig) -> Path:
     vae = AutoencoderKLWan.from_pretrained(cfg.vae).eval()
     latents, seeds = encode_dataset(run_dir, cfg, vae)
     specs = [sample_clip(s, split="train") for s in seeds]
+    masks = latent_object_masks(specs, cfg.frames, cfg.size) if cfg.object_weight else None
 
     torch.manual_seed(cfg.seed)
     tokenizer = build_tokenizer()
@@ -166,7 +196,7 @@ def train_t2v(run_dir: str | Path, cfg: T2VTrainConfig) -> Path:
             g["lr"] = cosine_lr(step, cfg.steps, cfg.lr, warmup=200)
         text, cross.pad_copies = encode_text_compact(tokenizer, text_encoder, captions)
         pred = transformer(xt, timestep=s.flatten() * 1000, encoder_hidden_states=text, return_dict=False)[0]
-        loss = F.mse_loss(pred, noise - x0)
+        loss = _flow_loss(pred, noise - x0, None if masks is None else masks[idx], cfg.object_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

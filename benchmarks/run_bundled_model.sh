@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The figures of benchmarks/bundled_model.md: generation time and samples at the default and benchmark
+# sizes, prompt adherence over 100 prompts per split, and the adherence ceiling the VAE allows.
+# About 20 minutes on 2 CPU cores; run it on an otherwise idle machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+OUT=benchmarks/results/bundled_model
+mkdir -p "$OUT"
+"$PY" benchmarks/bundled_model.py --out "$OUT" | tee "$OUT/bundled_model.log"
+"${KINEGEN:-.venv/bin/kinegen}" eval adherence --model kinegen-shapes-t2v --prompts 100 -o "$OUT/adherence.json" \
+    | tee "$OUT/adherence.log"
+"$PY" benchmarks/adherence_ceiling.py --clips 200 -o "$OUT/ceiling.json" | tee "$OUT/ceiling.log"
