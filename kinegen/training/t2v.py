@@ -109,8 +109,8 @@ def latent_object_masks(specs, frames: int, size: int, temporal: int = 4, spatia
     size / spatial]`` in {0, 1}.
 
     Latent frame 0 covers video frame 0 and latent frame ``k`` frames ``temporal * (k - 1) + 1 ..
-    temporal * k`` (the Wan VAE's causal chunks); a latent pixel counts as object if any of its pixels
-    in any of its frames is.
+    temporal * k`` (the Wan VAE's causal chunks); a latent pixel counts as object if, in any of its
+    frames, any of its pixels is at least half covered.
     """
     out = []
     for spec in specs:
