@@ -565,6 +565,8 @@ def cmd_train(args) -> int:
         from .training.adherence import train_adherence as run
     result = Path(run(args.run, cfg))
     if args.export:
+        from .media import swap_in_dir
+
         # Build the export beside its destination, then swap it in: an interrupted export never leaves
         # a half-written model where the old one was.
         dest = Path(args.export)
@@ -580,14 +582,7 @@ def cmd_train(args) -> int:
             recipe = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("max_minutes", "checkpoint_every")}
             (tmp / "config.json").write_text(json.dumps({"width": 16, **recipe, "trained_steps": cfg.steps},
                                                         indent=2))
-        old = dest.with_name(f".{dest.name}.old")
-        if dest.exists():
-            if old.exists():
-                shutil.rmtree(old)
-            dest.rename(old)
-        tmp.rename(dest)
-        if old.exists():
-            shutil.rmtree(old)
+        swap_in_dir(tmp, dest)
         print(f"exported to {dest}")
     return 0
 

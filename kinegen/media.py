@@ -59,6 +59,23 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
+def swap_in_dir(built: str | os.PathLike, dest: str | os.PathLike) -> Path:
+    """Put the finished folder ``built`` at ``dest`` by renames: the old ``dest`` (if any) is moved aside
+    first and deleted only after the new one is in place, so ``dest`` is never half-written."""
+    import shutil
+
+    built, dest = Path(built), Path(dest)
+    old = dest.with_name(f".{dest.name}.old")
+    if old.exists():
+        shutil.rmtree(old)
+    if dest.exists():
+        os.replace(dest, old)
+    os.replace(built, dest)
+    if old.exists():
+        shutil.rmtree(old)
+    return dest
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file and a rename (never half-written)."""
     with atomic_path(path) as tmp:

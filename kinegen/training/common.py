@@ -9,12 +9,13 @@ same batches it would have seen without the interruption.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_model, save_model
+
+from ..media import swap_in_dir
 
 
 def save_checkpoint(run_dir: Path, modules: dict[str, torch.nn.Module], optimizer: torch.optim.Optimizer,
@@ -27,14 +28,7 @@ def save_checkpoint(run_dir: Path, modules: dict[str, torch.nn.Module], optimize
         save_model(module, str(tmp / f"{name}.safetensors"))  # handles tied weights (UMT5's embeddings)
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     (tmp / "state.json").write_text(json.dumps({"step": step, **(extra or {})}))
-    old = run_dir / "checkpoint.old"
-    if ckpt.exists():
-        os.replace(ckpt, old)
-    os.replace(tmp, ckpt)
-    if old.exists():
-        for f in old.iterdir():
-            f.unlink()
-        old.rmdir()
+    swap_in_dir(tmp, ckpt)
 
 
 def load_checkpoint(run_dir: Path, modules: dict[str, torch.nn.Module], optimizer: torch.optim.Optimizer | None):
