@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .errors import IncompleteModelFolderError, KinegenError, ModelNotFoundError
+from .errors import ConfigError, IncompleteModelFolderError, KinegenError, ModelNotFoundError
 from .registry import FAMILIES, MODELS, PIPELINE_CLASS_TO_FAMILY, ModelSpec, get_model_spec
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
@@ -154,11 +154,45 @@ def _spec_for_folder(folder: Path, name: str) -> ModelSpec:
         raise ModelNotFoundError(
             f"{folder} holds a {cls}, which Kinegen does not drive. Supported pipelines: {supported}."
         )
-    # Defaults from the first registered hub model of the same family.
+    # Defaults from the folder's kinegen_defaults.json if it has one (the bundled models and what
+    # `kinegen train` exports do), else from the first registered hub model of the same family.
     base = next((s for s in MODELS.values() if s.family == family and s.repo_id), None)
     base = base or next(s for s in MODELS.values() if s.family == family)
     return dataclasses.replace(base, name=name, description=f"local folder ({cls})", repo_id=None, builder=None,
-                               bundled=None, call_defaults={})
+                               bundled=None, call_defaults={}, **read_generation_defaults(folder))
+
+
+GENERATION_DEFAULTS_FILE = "kinegen_defaults.json"
+_DEFAULT_TYPES = {"height": int, "width": int, "frames": int, "steps": int, "guidance": float, "fps": int}
+
+
+def read_generation_defaults(folder: str | os.PathLike) -> dict[str, Any]:
+    """The generation defaults a model folder declares in ``kinegen_defaults.json`` (``{}`` if none):
+    a copy of a model trained at 17 x 128 x 128 should not fall back to its family's 81 x 480 x 832."""
+    path = Path(folder) / GENERATION_DEFAULTS_FILE
+    if not path.is_file():
+        return {}
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path} is not valid JSON ({e}); fix or delete it.") from e
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path} must hold a JSON object with keys among {', '.join(_DEFAULT_TYPES)}.")
+    unknown = sorted(set(raw) - set(_DEFAULT_TYPES))
+    if unknown:
+        raise ConfigError(f"{path}: unknown keys {unknown}; valid keys: {', '.join(_DEFAULT_TYPES)}.")
+    try:
+        return {k: _DEFAULT_TYPES[k](v) for k, v in raw.items()}
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{path}: {e}; the values are numbers.") from e
+
+
+def write_generation_defaults(folder: str | os.PathLike, **defaults) -> None:
+    """Write ``kinegen_defaults.json`` (keys: height, width, frames, steps, guidance, fps)."""
+    unknown = sorted(set(defaults) - set(_DEFAULT_TYPES))
+    if unknown:
+        raise ValueError(f"unknown generation defaults {unknown}; valid: {', '.join(_DEFAULT_TYPES)}")
+    (Path(folder) / GENERATION_DEFAULTS_FILE).write_text(json.dumps(defaults, indent=2) + "\n")
 
 
 def _local_copy(spec: ModelSpec) -> Path | None:

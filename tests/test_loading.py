@@ -169,3 +169,25 @@ def test_bundled_models_load_from_assets(monkeypatch, saved_wan, tmp_path):
     shutil.rmtree(tmp_path / "models" / "my-bundled" / "vae")
     with pytest.raises(IncompleteModelFolderError, match="vae/"):
         load_pipeline("my-bundled", cache=False)
+
+
+def test_folder_declares_its_generation_defaults(saved_wan, tmp_path):
+    from kinegen.errors import ConfigError
+    from kinegen.loading import ASSETS_DIR, read_generation_defaults, write_generation_defaults
+
+    folder = _copy(saved_wan, tmp_path / "copy")
+    assert resolve_model(folder).spec.height == MODELS["wan2.1-t2v-1.3b"].height  # no file: the family's defaults
+    write_generation_defaults(folder, height=64, width=96, frames=9, steps=3, guidance=2.5, fps=8)
+    spec = resolve_model(folder).spec
+    assert (spec.height, spec.width, spec.frames, spec.steps, spec.guidance, spec.fps) == (64, 96, 9, 3, 2.5, 8)
+    (folder / "kinegen_defaults.json").write_text('{"height": 64, "sampler": "euler"}')
+    with pytest.raises(ConfigError, match="unknown keys.*valid keys: height"):
+        resolve_model(folder)
+    (folder / "kinegen_defaults.json").write_text('[64]')
+    with pytest.raises(ConfigError, match="JSON object"):
+        resolve_model(folder)
+    # The bundled model's file agrees with its registry entry, so a copy of it generates like it.
+    bundled = MODELS["kinegen-shapes-t2v"]
+    assert read_generation_defaults(ASSETS_DIR / "models" / bundled.bundled) == {
+        "height": bundled.height, "width": bundled.width, "frames": bundled.frames, "steps": bundled.steps,
+        "guidance": bundled.guidance, "fps": bundled.fps}

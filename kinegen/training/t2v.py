@@ -210,13 +210,18 @@ def train_t2v(run_dir: str | Path, cfg: T2VTrainConfig) -> Path:
             break
     progress.close()
     return export_pipeline(run_dir / "pipeline", tokenizer, ema["text_encoder"], vae, ema["transformer"],
-                           cfg.flow_shift)
+                           cfg.flow_shift, defaults=dict(height=cfg.size, width=cfg.size, frames=cfg.frames))
 
 
-def export_pipeline(folder: Path, tokenizer, text_encoder, vae, transformer, flow_shift: float) -> Path:
-    """Save a standard diffusers WanPipeline folder (safetensors only)."""
+def export_pipeline(folder: Path, tokenizer, text_encoder, vae, transformer, flow_shift: float,
+                    defaults: dict | None = None) -> Path:
+    """Save a standard diffusers WanPipeline folder (safetensors only) with ``kinegen_defaults.json``:
+    ``defaults`` (the training size) over the bundled model's registry entry."""
     from diffusers import WanPipeline
     from diffusers.models.transformers.transformer_wan import WanAttnProcessor
+
+    from ..loading import write_generation_defaults
+    from ..registry import get_model_spec
 
     transformer = copy.deepcopy(transformer)
     for block in transformer.blocks:
@@ -226,5 +231,9 @@ def export_pipeline(folder: Path, tokenizer, text_encoder, vae, transformer, flo
     pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder.eval(), vae=vae.eval(),
                        scheduler=build_scheduler(flow_shift), transformer=transformer.eval())
     pipe.save_pretrained(folder, safe_serialization=True)
+    bundled = get_model_spec("kinegen-shapes-t2v")
+    write_generation_defaults(folder, **{"height": bundled.height, "width": bundled.width, "frames": bundled.frames,
+                                         "steps": bundled.steps, "guidance": bundled.guidance, "fps": bundled.fps,
+                                         **(defaults or {})})
     print(f"saved pipeline to {folder}", flush=True)
     return folder
