@@ -251,9 +251,18 @@ def _add_dataclass_flags(p: argparse.ArgumentParser, cfg_cls) -> None:
 
     g = p.add_argument_group("training settings")
     for f in dataclasses.fields(cfg_cls):
-        typ = {"int": int, "float": float, "str": str}.get(str(f.type).split(" |")[0].replace("'", ""), str)
+        typ = {"int": int, "float": float, "str": str, "bool": _parse_bool}.get(
+            str(f.type).split(" |")[0].replace("'", ""), str)
         g.add_argument(f"--{f.name.replace('_', '-')}", type=typ, default=f.default, metavar=f.name.upper(),
                        help=f"(default: {f.default})")
+
+
+def _parse_bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 # ---------------------------------------------------------------------------- helpers

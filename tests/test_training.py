@@ -70,6 +70,24 @@ def test_vae_training_resumes(tmp_path):
     assert json.loads(lines[-1])["step"] == 3
 
 
+def test_vae_decoder_only_fine_tune_keeps_the_latent_space(tmp_path):
+    from diffusers import AutoencoderKLWan
+
+    from kinegen.training.configs import VAETrainConfig
+    from kinegen.training.vae import train_vae
+
+    base = train_vae(tmp_path / "base", VAETrainConfig(steps=1, batch_size=1, frames=5, crop=32, stats_clips=8))
+    with pytest.raises(ValueError, match="--init"):
+        train_vae(tmp_path / "bad", VAETrainConfig(steps=1, decoder_only=True))
+    cfg = VAETrainConfig(steps=2, batch_size=1, frames=5, crop=32, init=str(base), decoder_only=True, lr=1e-2)
+    tuned = train_vae(tmp_path / "tuned", cfg)
+    a, b = AutoencoderKLWan.from_pretrained(base), AutoencoderKLWan.from_pretrained(tuned)
+    sa, sb = a.state_dict(), b.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa if k.startswith(("encoder.", "quant_conv.")))
+    assert any(not torch.equal(sa[k], sb[k]) for k in sa if k.startswith("decoder."))
+    assert a.config.latents_mean == b.config.latents_mean and a.config.latents_std == b.config.latents_std
+
+
 def test_adherence_classifier_shapes():
     from kinegen.models.adherence import AdherenceClassifier, downsample_frames, prepare
 

@@ -13,6 +13,9 @@ class VAETrainConfig:
     frames: int = 9
     crop: int = 64
     stats_clips: int = 64  # clips measured for latents_mean/std at the end
+    init: str | None = None  # start from this VAE folder instead of random weights
+    decoder_only: bool = False  # train only the decoder (needs --init): latents, and so the transformer, unchanged
+    object_weight: float = 4.0  # extra loss weight on object pixels
     seed: int = 0
     max_minutes: float | None = None
     checkpoint_every: int = 200

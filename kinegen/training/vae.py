@@ -12,6 +12,7 @@ in the config, which is how WanPipeline normalises latents.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -58,8 +59,28 @@ def _batch(step: int, cfg: VAETrainConfig):
         clips.append(clip)
         masks.append(fg)
     x = to_tensor(np.stack(clips))
-    w = 1.0 + 4.0 * torch.from_numpy(np.stack(masks))[:, None]
+    w = 1.0 + cfg.object_weight * torch.from_numpy(np.stack(masks))[:, None]
     return x, w
+
+
+def _initial_vae(cfg: VAETrainConfig):
+    """A fresh VAE, or (``cfg.init``) the weights of a saved one; with ``cfg.decoder_only`` the encoder
+    is frozen, so the latent space (and every model trained on it) stays what it was."""
+    vae = build_vae()
+    if cfg.init:
+        from diffusers import AutoencoderKLWan
+
+        src = AutoencoderKLWan.from_pretrained(cfg.init).state_dict()
+        ours = vae.state_dict()
+        if {k: v.shape for k, v in src.items()} != {k: v.shape for k, v in ours.items()}:
+            raise ValueError(f"--init {cfg.init}: its architecture differs from the bundled VAE's (build_vae)")
+        vae.load_state_dict(src)
+    elif cfg.decoder_only:
+        raise ValueError("--decoder-only fine-tunes a trained VAE's decoder: pass --init VAE_FOLDER")
+    if cfg.decoder_only:
+        for module in (vae.encoder, vae.quant_conv):
+            module.requires_grad_(False)
+    return vae
 
 
 def train_vae(run_dir: str | Path, cfg: VAETrainConfig) -> Path:
@@ -67,11 +88,12 @@ def train_vae(run_dir: str | Path, cfg: VAETrainConfig) -> Path:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    vae = build_vae()
-    opt = torch.optim.AdamW(vae.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.99))
+    vae = _initial_vae(cfg)
+    trained = [p for p in vae.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.99))
     step, _ = load_checkpoint(run_dir, {"vae": vae}, opt)
-    print(f"VAE: {sum(p.numel() for p in vae.parameters()) / 1e6:.2f}M parameters; starting at step {step}",
-          flush=True)
+    print(f"VAE: {sum(p.numel() for p in vae.parameters()) / 1e6:.2f}M parameters "
+          f"({sum(p.numel() for p in trained) / 1e6:.2f}M trained); starting at step {step}", flush=True)
     progress = Progress(run_dir, cfg.steps, step)
     box = TimeBox(cfg.steps, cfg.checkpoint_every, cfg.max_minutes)
     vae.train()
@@ -79,7 +101,8 @@ def train_vae(run_dir: str | Path, cfg: VAETrainConfig) -> Path:
         x, w = _batch(step, cfg)
         for g in opt.param_groups:
             g["lr"] = cosine_lr(step, cfg.steps, cfg.lr)
-        post = vae.encode(x).latent_dist
+        with torch.set_grad_enabled(not cfg.decoder_only):
+            post = vae.encode(x).latent_dist
         # The posterior mean plus a little fixed noise: with the posterior's own noise (std ~0.9 at
         # initialisation and a KL weight of 1e-6) the decoder learns to ignore the latent and paints
         # the average clip; a near-deterministic latent trains, and the noise keeps the decoder robust
@@ -92,14 +115,22 @@ def train_vae(run_dir: str | Path, cfg: VAETrainConfig) -> Path:
         loss = loss_rec + 1e-4 * loss_kl
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(vae.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         opt.step()
         step += 1
         progress.update(step, loss=loss_rec.item(), l1=err.mean().item())
         if box.after_step(run_dir, {"vae": vae}, opt, step):
             break
     progress.close()
+    if cfg.decoder_only:  # same encoder, same latent statistics: keep the ones the transformer was trained with
+        stats = _saved_config(cfg.init)
+        return export_vae(vae, run_dir / "vae", cfg.seed, stats=(stats["latents_mean"], stats["latents_std"]))
     return export_vae(vae, run_dir / "vae", cfg.seed, cfg.stats_clips)
+
+
+def _saved_config(folder: str) -> dict:
+    """The config.json of a saved diffusers model folder."""
+    return json.loads((Path(folder) / "config.json").read_text())
 
 
 @torch.no_grad()
@@ -114,8 +145,9 @@ def latent_statistics(vae, n_clips: int = 64, seed: int = 123) -> tuple[list[flo
     return z.mean(1).tolist(), z.std(1).clamp_min(1e-3).tolist()
 
 
-def export_vae(vae, folder: Path, seed: int, n_clips: int = 64) -> Path:
-    mean, std = latent_statistics(vae, n_clips=n_clips, seed=seed + 123)
+def export_vae(vae, folder: Path, seed: int, n_clips: int = 64, stats: tuple | None = None) -> Path:
+    """Save with per-channel latent statistics: ``stats`` (mean, std) if given, else measured."""
+    mean, std = stats if stats is not None else latent_statistics(vae, n_clips=n_clips, seed=seed + 123)
     final = build_vae(mean, std)
     final.load_state_dict(vae.state_dict())
     final.save_pretrained(folder, safe_serialization=True)
