@@ -1,17 +1,20 @@
 """Summarise the Map-Guided Caching benchmark runs into Markdown tables (prints to stdout).
 
     python benchmarks/caching_summary.py benchmarks/results/caching
+    python benchmarks/caching_summary.py benchmarks/results/caching --speedup-of mag:threshold=0.5,max_skip_steps=4
 
 Reads, from the results folder: ``main/report.json`` (kinegen profile: mapguided at several requested
 speedups and the diffusers caches at several settings), ``ablation_simple/report.json`` and
 ``ablation_complex/report.json`` (predicted vs average map, DP vs greedy planner), ``adherence/*.json``
-(kinegen eval adherence outputs) and the predictor's ``calibration.json``.
+(kinegen eval adherence outputs) and the predictor's ``calibration.json``. With ``--speedup-of CONFIG`` it
+prints only that configuration's measured transformer speedup in ``main/`` (run_caching.sh requests
+mapguided at the peers' measured speedups this way).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 
@@ -83,13 +86,15 @@ def matched(report: dict) -> list[str]:
 
 
 def ablation(report: dict) -> list[str]:
-    lines = ["| config | transformer speedup | PSNR dB | SSIM | predicted error |", "|---|---|---|---|---|"]
+    lines = ["| config | computed blocks | transformer speedup | PSNR dB | SSIM | predicted error |",
+             "|---|---|---|---|---|---|"]
     for r in report["runs"]:
         if r["config"] == "dense":
             continue
         st = _mg(r)
         err = st.get("predicted_error")
-        lines.append(f"| `{r['config']}` | {r['transformer_speedup']:.2f}x | {r['psnr_db']:.2f} | {r['ssim']:.4f} | "
+        lines.append(f"| `{r['config']}` | {st.get('achieved_compute_fraction', 1):.1%} | "
+                     f"{r['transformer_speedup']:.2f}x | {r['psnr_db']:.2f} | {r['ssim']:.4f} | "
                      f"{'' if err is None else f'{err:.3f}'} |")
     return lines
 
@@ -134,5 +139,23 @@ def main(folder: str) -> None:
     print("\n".join(out))
 
 
+def speedup_of(folder: str, config: str) -> float:
+    report = _load(Path(folder) / "main" / "report.json")
+    if report is None:
+        raise SystemExit(f"no {folder}/main/report.json: run the main profile first")
+    for r in report["runs"]:
+        if r["config"] == config:
+            return r["transformer_speedup"]
+    raise SystemExit(f"{config!r} is not in {folder}/main/report.json; it has: "
+                     + ", ".join(r["config"] for r in report["runs"]))
+
+
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/caching")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("folder", nargs="?", default="benchmarks/results/caching")
+    ap.add_argument("--speedup-of", metavar="CONFIG", help="print this configuration's measured transformer speedup")
+    args = ap.parse_args()
+    if args.speedup_of:
+        print(f"{speedup_of(args.folder, args.speedup_of):.2f}")
+    else:
+        main(args.folder)

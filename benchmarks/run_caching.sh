@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Map-Guided Caching benchmark on the bundled model (2 CPU cores: about 45 minutes).
+# Map-Guided Caching benchmark on the bundled model (2 CPU cores: about 40 minutes, on an otherwise idle machine).
 #   ./benchmarks/run_caching.sh            -> benchmarks/results/caching/, then caching_summary.py
 set -euo pipefail
 K=${KINEGEN:-.venv/bin/kinegen}
@@ -21,7 +21,7 @@ mapfile -t COMPLEX < benchmarks/prompts/complex.txt
 P=(); for p in "${SIMPLE[@]:0:2}" "${COMPLEX[@]:0:2}"; do P+=(-p "$p"); done
 
 # 2. Requested against achieved speedup, and the diffusers caches at several settings, in one run.
-$K profile --model kinegen-shapes-t2v "${P[@]}" --steps "$STEPS" --repeats 2 --output "$OUT/main" \
+$K profile --model kinegen-shapes-t2v "${P[@]}" --steps "$STEPS" --repeats 4 --output "$OUT/main" \
     -c mapguided:speedup=1.5 -c mapguided:speedup=2 -c mapguided:speedup=2.5 -c mapguided:speedup=3 \
     -c mapguided:speedup=3.3 \
     -c first-block:threshold=0.05 -c first-block:threshold=0.1 -c first-block:threshold=0.15 \
@@ -41,13 +41,15 @@ for kind in simple complex; do
       -c mapguided:speedup=3,planner=threshold
 done
 
-# 4. Prompt adherence at matched speedups (100 training-combination prompts each): mapguided at the speedups
-#    the peers reach in step 2 (TaylorSeer interval 3: 1.7x; FirstBlock 0.15: 2.3x; MagCache 0.5: 2.6x).
+# 4. Prompt adherence (100 training-combination prompts each): three peers, and mapguided requested at the
+#    transformer speedup each of them measured in step 2.
 mkdir -p "$OUT/adherence"
 N=${ADHERENCE_PROMPTS:-100}
+PEERS=(first-block:threshold=0.15 taylorseer:cache_interval=3,disable_cache_before_step=1 mag:threshold=0.5,max_skip_steps=4)
+CONFIGS=("${PEERS[@]}")
+for c in "${PEERS[@]}"; do CONFIGS+=("mapguided:speedup=$($PY benchmarks/caching_summary.py "$OUT" --speedup-of "$c")"); done
 $K eval adherence --model kinegen-shapes-t2v --split train --prompts "$N" --steps "$STEPS" -o "$OUT/adherence/dense.json"
-for c in mapguided:speedup=1.7 mapguided:speedup=2.35 mapguided:speedup=2.6 first-block:threshold=0.15 \
-         taylorseer:cache_interval=3,disable_cache_before_step=1 mag:threshold=0.5,max_skip_steps=4; do
+for c in "${CONFIGS[@]}"; do
   $K eval adherence --model kinegen-shapes-t2v --split train --prompts "$N" --steps "$STEPS" --cache "$c" \
       -o "$OUT/adherence/${c//[:=,]/_}.json"
 done
