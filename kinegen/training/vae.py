@@ -8,6 +8,10 @@ output before diffusers' final clamp (see ``decode_unclamped``). With L1 alone o
 above ~1e-3 this narrow VAE stalls at predicting the background. When training ends, per-channel latent
 statistics are measured on 17-frame 128x128 clips and stored as ``latents_mean``/``latents_std``
 in the config, which is how WanPipeline normalises latents.
+
+``--init DIR --decoder-only true`` fine-tunes a trained VAE's decoder with the encoder frozen: the
+latents, their statistics (copied from DIR) and every model trained on them stay valid
+(docs/bundled_model.md: the bundled decoder was fine-tuned this way after the transformer).
 """
 
 from __future__ import annotations
