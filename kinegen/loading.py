@@ -192,7 +192,10 @@ def write_generation_defaults(folder: str | os.PathLike, **defaults) -> None:
     unknown = sorted(set(defaults) - set(_DEFAULT_TYPES))
     if unknown:
         raise ValueError(f"unknown generation defaults {unknown}; valid: {', '.join(_DEFAULT_TYPES)}")
-    (Path(folder) / GENERATION_DEFAULTS_FILE).write_text(json.dumps(defaults, indent=2) + "\n")
+    from .media import atomic_path
+
+    with atomic_path(Path(folder) / GENERATION_DEFAULTS_FILE) as tmp:
+        tmp.write_text(json.dumps(defaults, indent=2) + "\n")
 
 
 def _local_copy(spec: ModelSpec) -> Path | None:

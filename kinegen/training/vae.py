@@ -16,7 +16,6 @@ latents, their statistics (copied from DIR) and every model trained on them stay
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -127,14 +126,11 @@ def train_vae(run_dir: str | Path, cfg: VAETrainConfig) -> Path:
             break
     progress.close()
     if cfg.decoder_only:  # same encoder, same latent statistics: keep the ones the transformer was trained with
-        stats = _saved_config(cfg.init)
+        from diffusers import AutoencoderKLWan
+
+        stats = AutoencoderKLWan.load_config(cfg.init)
         return export_vae(vae, run_dir / "vae", cfg.seed, stats=(stats["latents_mean"], stats["latents_std"]))
     return export_vae(vae, run_dir / "vae", cfg.seed, cfg.stats_clips)
-
-
-def _saved_config(folder: str) -> dict:
-    """The config.json of a saved diffusers model folder."""
-    return json.loads((Path(folder) / "config.json").read_text())
 
 
 @torch.no_grad()
