@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Map-Guided Caching benchmark on the bundled model (2 CPU cores: about 40 minutes, on an otherwise idle machine).
+# Map-Guided Caching benchmark on the bundled model (2 CPU cores: about 55 minutes, on an otherwise idle machine).
 #   ./benchmarks/run_caching.sh            -> benchmarks/results/caching/, then caching_summary.py
 set -euo pipefail
 K=${KINEGEN:-.venv/bin/kinegen}
@@ -41,11 +41,12 @@ for kind in simple complex; do
       -c mapguided:speedup=3,planner=threshold
 done
 
-# 4. Prompt adherence (100 training-combination prompts each): three peers, and mapguided requested at the
-#    transformer speedup each of them measured in step 2.
+# 4. Prompt adherence (100 training-combination prompts each): each peer at a moderate and at its most
+#    aggressive setting of step 2, and mapguided requested at the transformer speedup each of them measured.
 mkdir -p "$OUT/adherence"
 N=${ADHERENCE_PROMPTS:-100}
-PEERS=(first-block:threshold=0.15 taylorseer:cache_interval=3,disable_cache_before_step=1 mag:threshold=0.5,max_skip_steps=4)
+PEERS=(first-block:threshold=0.15 taylorseer:cache_interval=3,disable_cache_before_step=1 mag:threshold=0.5,max_skip_steps=4
+       first-block:threshold=0.3 taylorseer:cache_interval=4,disable_cache_before_step=1 mag:threshold=1,max_skip_steps=4)
 CONFIGS=("${PEERS[@]}")
 for c in "${PEERS[@]}"; do CONFIGS+=("mapguided:speedup=$($PY benchmarks/caching_summary.py "$OUT" --speedup-of "$c")"); done
 $K eval adherence --model kinegen-shapes-t2v --split train --prompts "$N" --steps "$STEPS" -o "$OUT/adherence/dense.json"
