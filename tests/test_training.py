@@ -134,3 +134,38 @@ def test_train_export_replaces_the_folder_whole(tmp_path):
         assert config["trained_steps"] == steps and config["batch_size"] == 2
     assert sorted(p.name for p in dest.parent.iterdir()) == ["clf"]  # no temporary or old copies left
     load_classifier(dest)
+
+
+def test_t2v_further_stage_starts_from_a_saved_pipeline(tmp_path):
+    from safetensors.torch import load_file
+
+    from kinegen.loading import resolve_model
+    from kinegen.training.configs import T2VTrainConfig
+    from kinegen.training.t2v import train_t2v
+
+    bundled = resolve_model("kinegen-shapes-t2v").folder
+    cfg = T2VTrainConfig(vae=str(bundled / "vae"), init=str(bundled), steps=1, batch_size=1, lr=0.0, dataset_clips=2,
+                         frames=5, size=32, shape_weights="star=2")
+    out = train_t2v(tmp_path, cfg)
+    name = "transformer/diffusion_pytorch_model.safetensors"
+    a, b = load_file(bundled / name), load_file(out / name)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # lr 0: the init comes back out
+    with pytest.raises(FileNotFoundError, match="--init"):
+        train_t2v(tmp_path / "bad", T2VTrainConfig(vae=str(bundled / "vae"), init=str(tmp_path / "nowhere"), steps=1,
+                                                   dataset_clips=1, frames=5, size=32))
+
+
+def test_t2v_shape_weights():
+    from kinegen.data.shapes import sample_clip
+    from kinegen.training.t2v import clip_sampling_weights, parse_shape_weights
+
+    specs = [sample_clip(s) for s in range(40)]
+    assert parse_shape_weights("star=2, circle=0") == {"star": 2.0, "circle": 0.0}
+    w = clip_sampling_weights(specs, parse_shape_weights("star=2, circle=0"))
+    assert [float(x) for x in w] == [{"star": 2.0, "circle": 0.0}.get(s.primary.shape, 1.0) for s in specs]
+    assert torch.equal(clip_sampling_weights(specs, parse_shape_weights("")), torch.ones(40, dtype=torch.float64))
+    for bad in ("hexagon=2", "star", "star=x", "star=-1", "star=nan"):
+        with pytest.raises(ValueError, match="shape-weights"):
+            parse_shape_weights(bad)
+    with pytest.raises(ValueError, match="no clip"):
+        parse_shape_weights("star=0,circle=0,square=0,triangle=0")

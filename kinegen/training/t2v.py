@@ -9,6 +9,10 @@ chunk by chunk). Stage 2 trains the WanTransformer3DModel and the UMT5 encoder j
 with s drawn logit-normally and shifted like the sampler (``flow_shift``), 10% of captions
 dropped to "" for classifier-free guidance, fresh synonyms for every caption at every step,
 and an EMA of the weights, which is what gets exported.
+
+``--init FOLDER`` starts a further stage from a saved pipeline's transformer and text encoder (with a
+fresh optimiser and learning-rate schedule); ``--shape-weights star=2`` draws clips whose first shape is
+a star twice as often as the others.
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, load_model, save_file
 
-from ..data.shapes import recaption, render_clip, render_mask, sample_clip
+from ..data.shapes import SHAPES, recaption, render_clip, render_mask, sample_clip
 from ..models.shapes_t2v import (
     MAX_SEQUENCE_LENGTH,
     build_scheduler,
@@ -151,10 +155,57 @@ def _ema_update(ema: torch.nn.Module, model: torch.nn.Module, decay: float) -> N
         pe.lerp_(pm, 1 - decay)
 
 
+def parse_shape_weights(text: str) -> dict[str, float]:
+    """``"star=2,circle=0.5"`` -> ``{"star": 2.0, "circle": 0.5}`` (shapes not named keep weight 1)."""
+    table = {}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name, sep, value = item.partition("=")
+        if not sep or name.strip() not in SHAPES:
+            raise ValueError(f"--shape-weights {text!r}: expected SHAPE=WEIGHT pairs with SHAPE one of "
+                             f"{', '.join(SHAPES)}, e.g. 'star=2'")
+        try:
+            weight = float(value)
+        except ValueError:
+            raise ValueError(f"--shape-weights: {value!r} is not a number") from None
+        if not weight >= 0:
+            raise ValueError(f"--shape-weights: the weight of {name.strip()} must be >= 0")
+        table[name.strip()] = weight
+    if table and all(table.get(s, 1.0) == 0 for s in SHAPES):
+        raise ValueError(f"--shape-weights {text!r} leaves no clip to train on")
+    return table
+
+
+def clip_sampling_weights(specs, table: dict[str, float]) -> torch.Tensor:
+    """Per-clip sampling weights: the weight of each clip's first shape (:func:`parse_shape_weights`)."""
+    return torch.tensor([table.get(spec.primary.shape, 1.0) for spec in specs], dtype=torch.float64)
+
+
+def _init_files(folder: Path) -> dict[str, Path]:
+    """The transformer and text-encoder weights of a saved pipeline folder (checked before any work)."""
+    files = {"transformer": folder / "transformer" / "diffusion_pytorch_model.safetensors",
+             "text_encoder": folder / "text_encoder" / "model.safetensors"}
+    for file in files.values():
+        if not file.is_file():
+            raise FileNotFoundError(f"--init {folder}: {file} is missing; pass a folder written by kinegen train t2v")
+    return files
+
+
+def _load_init(folder: Path, modules: dict[str, torch.nn.Module]) -> None:
+    """Start from a saved pipeline's transformer and text encoder (a further training stage)."""
+    for name, file in _init_files(folder).items():
+        missing, unexpected = load_model(modules[name], str(file), strict=False)
+        if missing or unexpected:
+            raise ValueError(f"--init {folder}: its {name} differs from the bundled architecture "
+                             f"(missing {sorted(missing)[:3]}, unexpected {sorted(unexpected)[:3]})")
+
+
 def train_t2v(run_dir: str | Path, cfg: T2VTrainConfig) -> Path:
     """Encode the dataset (once), then train or resume; exports ``run_dir/pipeline``."""
     from diffusers import AutoencoderKLWan
 
+    shape_table = parse_shape_weights(cfg.shape_weights)  # bad settings fail before the dataset is encoded
+    if cfg.init:
+        _init_files(Path(cfg.init))
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     vae = AutoencoderKLWan.from_pretrained(cfg.vae).eval()
@@ -171,6 +222,8 @@ def train_t2v(run_dir: str | Path, cfg: T2VTrainConfig) -> Path:
     for block in transformer.blocks:
         block.attn2.set_processor(cross)
     modules = {"transformer": transformer, "text_encoder": text_encoder}
+    if cfg.init:
+        _load_init(Path(cfg.init), modules)
     ema = {k: copy.deepcopy(m).requires_grad_(False) for k, m in modules.items()}
     params = [p for m in modules.values() for p in m.parameters()]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.99))
@@ -178,13 +231,17 @@ def train_t2v(run_dir: str | Path, cfg: T2VTrainConfig) -> Path:
     step, _ = load_checkpoint(run_dir, ckpt_modules, opt)
     n_params = sum(p.numel() for p in params) / 1e6
     print(f"T2V: {n_params:.2f}M trainable parameters, {len(seeds)} clips; starting at step {step}", flush=True)
+    weights = clip_sampling_weights(specs, shape_table)
     progress = Progress(run_dir, cfg.steps, step)
     box = TimeBox(cfg.steps, cfg.checkpoint_every, cfg.max_minutes)
     for m in modules.values():
         m.train()
     while step < cfg.steps:
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-        idx = torch.randint(len(seeds), (cfg.batch_size,), generator=gen)
+        if shape_table:
+            idx = torch.multinomial(weights, cfg.batch_size, replacement=True, generator=gen)
+        else:  # uniform, drawn as stages 1 and 2 of the bundled model were
+            idx = torch.randint(len(seeds), (cfg.batch_size,), generator=gen)
         x0 = latents[idx]
         captions = [recaption(specs[i], seed=step * cfg.batch_size + j) for j, i in enumerate(idx.tolist())]
         drop = torch.rand(cfg.batch_size, generator=gen) < cfg.cfg_dropout
