@@ -284,13 +284,15 @@ def timed_call(attn, label, size, i, q, k, v, dense, grid, device) -> dict:
     s = attn.last_stats
     err = ((out.float() - dense.float()).norm() / dense.float().norm()).item()
     row = {"case": label, "size": size, "call": i, "anchor": s["anchor"], "wall_ms": wall,
-           "clustering_ms": s["clustering_s"] * 1e3, "layout_ms": s["layout_s"] * 1e3,
+           "clustering_ms": s["clustering_s"] * 1e3, "merging_ms": s["merging_s"] * 1e3,
+           "layout_ms": s["layout_s"] * 1e3,
            "attention_ms": s["attention_s"] * 1e3, "density": s["density"],
            "tile_efficiency": s["tile_efficiency"], "rel_l2": err, "q_clusters": s["q_clusters"],
            "k_clusters": s["k_clusters"], "distance_evals": s["distance_evals"]}
     RESULTS["hva"].append(row)
     log(f"{label} call {i} ({'anchor' if s['anchor'] else 'hybrid'}): wall {wall:.1f} ms; GPU time: clustering "
-        f"{row['clustering_ms']:.1f} + layout {row['layout_ms']:.1f} + attention {row['attention_ms']:.1f}; "
+        f"{row['clustering_ms']:.1f} + merging {row['merging_ms']:.1f} + layout {row['layout_ms']:.1f} + attention "
+        f"{row['attention_ms']:.1f}; "
         f"density {s['density']:.3f}, tile eff {s['tile_efficiency']:.2f}, rel L2 {err:.3f}")
     return s
 
@@ -417,7 +419,7 @@ def wan_model(args, device, dtype, size="480p"):
         RESULTS["model"].append(row)
         log(f"{name} {size} d={density}: calls {[round(m) for m in ms]} ms; later calls {row['later_median_ms']:.0f} "
             f"ms = {row['speedup_later']:.2f}x dense; mean per layer: clustering "
-            f"{st.get('clustering_s', 0) * 1e3:.1f} ms, "
+            f"{st.get('clustering_s', 0) * 1e3:.1f} ms, merging {st.get('merging_s', 0) * 1e3:.1f} ms, "
             f"attention {st.get('attention_s', 0) * 1e3:.1f} ms, density {st.get('density', 0):.3f}, "
             f"tile eff {st.get('tile_efficiency', 0):.2f}")
         forward()  # removed: dense again

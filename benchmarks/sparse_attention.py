@@ -125,17 +125,20 @@ def main():
                 bout = base(q, k, v, grid=g)
                 b = dict(base.last_stats)
                 for name, o, st in (("hva", out, s), ("kmeans", bout, b)):
-                    sparse_s = st["clustering_s"] + st["layout_s"] + st["attention_s"]
+                    sparse_s = st["clustering_s"] + st["merging_s"] + st["layout_s"] + st["attention_s"]
                     rows.append({"layer": layer, "call": i, "method": name, "target_density": density,
                                  "anchor": bool(st["anchor"]), "rel_l2": rel_l2(o, ref), "density": st["density"],
                                  "tile_efficiency": st["tile_efficiency"],
                                  "clustering_share": st["clustering_s"] / sparse_s,
-                                 "clustering_s": st["clustering_s"], "attention_s": st["attention_s"],
+                                 "merging_share": st["merging_s"] / sparse_s, "sparse_s": sparse_s,
+                                 "clustering_s": st["clustering_s"], "merging_s": st["merging_s"],
+                                 "layout_s": st["layout_s"], "attention_s": st["attention_s"],
                                  "distance_evals": st["distance_evals"], "q_clusters": st["q_clusters"],
                                  "k_clusters": st["k_clusters"]})
                 h_, b_ = rows[-2], rows[-1]
                 print(f"  d={density} call {i}: hva err {h_['rel_l2']:.4f} dens {s['density']:.3f} eff "
-                      f"{s['tile_efficiency']:.2f} clu {h_['clustering_share']:.1%} evals {s['distance_evals']:.3g}"
+                      f"{s['tile_efficiency']:.2f} clu {h_['clustering_share']:.1%} merge {h_['merging_share']:.1%} "
+                      f"evals {s['distance_evals']:.3g}"
                       f" | kmeans err {b_['rel_l2']:.4f} dens {b['density']:.3f} eff {b['tile_efficiency']:.2f}"
                       f" clu {b_['clustering_share']:.1%} evals {b['distance_evals']:.3g}", flush=True)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
@@ -145,8 +148,8 @@ def main():
 
 def summarise(rows):
     print("\n| target density | method | rel L2 (anchor) | executed density | tile efficiency | clustering share "
-          "anchor / hybrid | distance evals (anchor) |")
-    print("|---|---|---|---|---|---|---|")
+          "anchor / hybrid | merging share anchor / hybrid | distance evals (anchor) |")
+    print("|---|---|---|---|---|---|---|---|")
     for d in sorted({r["target_density"] for r in rows}):
         for m in ("hva", "kmeans"):
             a = [r for r in rows if r["target_density"] == d and r["method"] == m and r["call"] == 0]
@@ -154,8 +157,8 @@ def summarise(rows):
             mean = lambda rs, k: statistics.mean(r[k] for r in rs) if rs else float("nan")  # noqa: E731
             print(f"| {d} | {m} | {mean(a, 'rel_l2'):.4f} | {mean(a, 'density'):.3f} | "
                   f"{mean(a, 'tile_efficiency'):.2f} | {mean(a, 'clustering_share'):.1%} / "
-                  f"{mean(h, 'clustering_share'):.1%} | "
-                  f"{mean(a, 'distance_evals'):.3g} |")
+                  f"{mean(h, 'clustering_share'):.1%} | {mean(a, 'merging_share'):.1%} / "
+                  f"{mean(h, 'merging_share'):.1%} | {mean(a, 'distance_evals'):.3g} |")
 
 
 if __name__ == "__main__":

@@ -67,6 +67,9 @@ def test_local_assignment_is_the_nearest_candidate_and_costs_far_less_than_globa
         cs = cs[cs >= 0]
         d = (c[0, 1, cs] - q[0, 1, t]).square().sum(-1)
         assert cs[d.argmin()] == a.labels[0, 1, t]
+        best, second = d.sort().values[:2]
+        torch.testing.assert_close(a.margin[0, 1, t], second - best, rtol=1e-4, atol=1e-4)
+    assert torch.isinf(assign_local(q, c, wg, 1, margin=False).margin).all()  # labels only
     n, k = q.shape[2], c.shape[2]
     assert a.distance_evals <= 27 * n * 2 and a.distance_evals * 2 < n * k * 2  # 64 windows, <= 27 candidates
     sub = torch.tensor([1, 99, 200])
@@ -190,7 +193,8 @@ def test_full_density_equals_dense_attention(text):
     out = attn(q, k, v, grid=GRID, text_tokens=n_text, text_position=pos)
     assert _rel(out, _dense(q, k, v)) < 1e-5
     s = attn.last_stats
-    assert {"density", "tile_efficiency", "clustering_s", "distance_evals", "anchor"} <= set(s)
+    assert {"density", "tile_efficiency", "clustering_s", "merging_s", "distance_evals", "anchor"} <= set(s)
+    assert min(s["clustering_s"], s["merging_s"], s["layout_s"], s["attention_s"]) >= 0
 
 
 def _random_blocks_error(q, k, v, density, tile, seed=0):

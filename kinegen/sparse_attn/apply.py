@@ -256,7 +256,7 @@ def _install(pipe_or_transformer, name: str, config, make_attention, run: RunInf
                "dense_calls": sum(c.dense_calls for c in controllers)}
         per_layer = [a.last_stats for c in controllers for a in c.layer_stats.values()]
         if per_layer:
-            for key in ("density", "tile_efficiency", "clustering_s", "attention_s", "layout_s"):
+            for key in ("density", "tile_efficiency", "clustering_s", "merging_s", "attention_s", "layout_s"):
                 out[key] = float(sum(s[key] for s in per_layer) / len(per_layer))
             out["distance_evals"] = int(sum(s["distance_evals"] for s in per_layer))
             out["block_pattern"] = per_layer[0]["block_pattern"].float().cpu().tolist()

@@ -127,34 +127,57 @@ class Assignment:
 
 
 def assign_local(x: torch.Tensor, centroids: torch.Tensor, wg: WindowGrid, per_window: int,
-                 tokens: torch.Tensor | None = None) -> Assignment:
+                 tokens: torch.Tensor | None = None, margin: bool = True) -> Assignment:
     """Nearest candidate centroid of each token (squared Euclidean distance), searched in 3x3x3 windows.
 
     Args:
         x: ``[B, H, N, D]``; centroids: ``[B, H, K, D]`` with ``K = num_windows * per_window``.
         tokens: assign only these token indices (``[M]``, for hybrid steps); labels of the others are
             returned as -1 and their margins as +inf.
+        margin: also compute the margin (second-best minus best distance); ``False`` leaves it +inf
+            (Lloyd iterations before the last need only the labels).
 
     All tokens of a window share their candidates, so the assignment is one small matrix product per
-    window (``||x||^2 - 2 x.c + ||c||^2``); a subset runs the same way on a window table of its tokens.
+    window, batched over windows, heads and batch (:func:`nearest_in_windows`).
     """
-    B, Hh, N, D = x.shape
-    cand = wg.on(x.device, f"cand{per_window}", lambda w: candidate_centroids(w, per_window))  # [nW, C]
-    labels = torch.full((B, Hh, N), -1, dtype=torch.long, device=x.device)
-    margin = torch.full((B, Hh, N), float("inf"), dtype=x.dtype, device=x.device)
     order = wg.on(x.device, "order") if tokens is None else subset_table(wg, tokens.to(x.device))  # [nW, T]
-    xf, cf = x.float(), centroids.float()
-    xw = xf[:, :, order.clamp(min=0)]  # [B, H, nW, T, D]
-    cw = cf[:, :, cand.clamp(min=0)]  # [B, H, nW, C, D]
-    d2 = (xw.square().sum(-1, keepdim=True) - 2 * xw @ cw.transpose(-1, -2)
-          + cw.square().sum(-1).unsqueeze(-2))  # [B, H, nW, T, C]
-    d2 = d2.masked_fill((cand < 0)[:, None, :], float("inf"))
-    lab, mar = _best_two(d2, cand[:, None, :].expand(-1, order.shape[1], -1))
+    return nearest_in_windows(windowed(x, order), x.shape, order, centroids, wg, per_window, margin)
+
+
+def windowed(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """``x`` ``[B, H, N, D]`` gathered window by window: ``[B * H * nW, T, D]`` (float32; padding slots hold
+    token 0 and are ignored). Lloyd iterations gather once and reuse it."""
+    B, Hh, N, D = x.shape
+    nW, T = order.shape
+    return x.reshape(B * Hh, N, D).float().index_select(1, order.clamp(min=0).view(-1)).view(B * Hh * nW, T, D)
+
+
+def nearest_in_windows(xw: torch.Tensor, shape: torch.Size, order: torch.Tensor, centroids: torch.Tensor,
+                       wg: WindowGrid, per_window: int, margin: bool = True) -> Assignment:
+    """The assignment on window-gathered tokens ``xw`` (:func:`windowed`) of a ``shape = [B, H, N, D]`` input.
+
+    ``||x - c||^2 = ||x||^2 - 2 x.c + ||c||^2`` and ``||x||^2`` is the same for every candidate of a token,
+    so the nearest centroid and the margin come from ``||c||^2 - 2 x.c`` alone: one ``baddbmm``.
+    """
+    B, Hh, N, D = shape
+    G = B * Hh
+    cand = wg.on(xw.device, f"cand{per_window}", lambda w: candidate_centroids(w, per_window))  # [nW, C]
+    nW, T, C = order.shape[0], order.shape[1], cand.shape[1]
+    cw = centroids.reshape(G, -1, D).float().index_select(1, cand.clamp(min=0).view(-1)).view(G * nW, C, D)
+    c2 = cw.square().sum(-1).view(G, nW, C).masked_fill(cand < 0, float("inf"))  # no candidate: never chosen
+    d = torch.baddbmm(c2.view(G * nW, 1, C), xw, cw.transpose(1, 2), alpha=-2)  # [G * nW, T, C]
+    best, idx = d.min(-1)
+    labels_w = cand.unsqueeze(0).expand(G, -1, -1).gather(-1, idx.view(G, nW, T))  # [G, nW, T]
     keep = order >= 0
-    labels[:, :, order[keep]] = lab[:, :, keep]
-    margin[:, :, order[keep]] = mar[:, :, keep].to(x.dtype)
+    dest = order[keep]
+    labels = torch.full((G, N), -1, dtype=torch.long, device=xw.device)
+    labels[:, dest] = labels_w[:, keep]
+    margins = torch.full((G, N), float("inf"), dtype=torch.float32, device=xw.device)
+    if margin and C > 1:
+        second = d.scatter(-1, idx.unsqueeze(-1), float("inf")).amin(-1)
+        margins[:, dest] = (second - best).view(G, nW, T)[:, keep]
     evals = int(((cand >= 0).sum(1) * keep.sum(1)).sum())
-    return Assignment(labels, margin, evals * B * Hh)
+    return Assignment(labels.view(B, Hh, N), margins.view(B, Hh, N), evals * G)
 
 
 def subset_table(wg: WindowGrid, tokens: torch.Tensor) -> torch.Tensor:
@@ -174,18 +197,6 @@ def subset_table(wg: WindowGrid, tokens: torch.Tensor) -> torch.Tensor:
     return table
 
 
-def _best_two(d2: torch.Tensor, cand: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Label (from ``cand``, broadcast over batch and heads) and margin (second-best minus best distance)."""
-    if d2.shape[-1] == 1:
-        idx = torch.zeros_like(d2[..., 0], dtype=torch.long)
-        margin = torch.full_like(d2[..., 0], float("inf"))
-    else:
-        two = d2.topk(2, dim=-1, largest=False)
-        idx, margin = two.indices[..., 0], two.values[..., 1] - two.values[..., 0]
-    labels = torch.gather(cand.expand(*d2.shape[:-1], -1), -1, idx.unsqueeze(-1)).squeeze(-1)
-    return labels, margin
-
-
 def update_centroids(x: torch.Tensor, labels: torch.Tensor,
                      centroids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Lloyd's update: each centroid becomes the mean of its tokens; empty clusters keep their centroid.
@@ -195,10 +206,11 @@ def update_centroids(x: torch.Tensor, labels: torch.Tensor,
     """
     B, Hh, N, D = x.shape
     K = centroids.shape[2]
-    sums = torch.zeros(B, Hh, K, D, dtype=torch.float32, device=x.device)
-    sums.scatter_add_(2, labels.unsqueeze(-1).expand(-1, -1, -1, D), x.float())
-    sizes = torch.zeros(B, Hh, K, dtype=torch.float32, device=x.device)
-    sizes.scatter_add_(2, labels, torch.ones_like(labels, dtype=torch.float32))
+    flat = (labels + torch.arange(B * Hh, device=x.device).view(B, Hh, 1) * K).view(-1)  # one index space
+    sums = torch.zeros(B * Hh * K, D, dtype=torch.float32, device=x.device).index_add_(
+        0, flat, x.reshape(-1, D).float()).view(B, Hh, K, D)
+    sizes = torch.zeros(B * Hh * K, dtype=torch.float32, device=x.device).index_add_(
+        0, flat, torch.ones(flat.shape, dtype=torch.float32, device=x.device)).view(B, Hh, K)
     new = torch.where(sizes.unsqueeze(-1) > 0, sums / sizes.clamp(min=1).unsqueeze(-1), centroids.float())
     return new, sizes  # fp32: the state's centroids are exact means (HVAttention._merge relies on it)
 
@@ -239,10 +251,17 @@ def local_kmeans(x: torch.Tensor, grid: tuple[int, int, int], window: tuple[int,
     if wg.grid[0] * wg.grid[1] * wg.grid[2] != x.shape[2]:
         raise ValueError(f"grid {grid} has {math.prod(grid)} tokens but x has {x.shape[2]}.")
     centroids = grid_init(x, wg, per_window, update_fn)
+    if assign_fn is assign_local:  # torch: gather the tokens window by window once, for every iteration
+        order = wg.on(x.device, "order")
+        xw = windowed(x, order)
+
+        def assign_fn(x, c, wg, per_window, margin):
+            return nearest_in_windows(xw, x.shape, order, c, wg, per_window, margin)
     evals = 0
     a = None
-    for _ in range(max(1, iters)):
-        a = assign_fn(x, centroids, wg, per_window)
+    iters = max(1, iters)
+    for i in range(iters):
+        a = assign_fn(x, centroids, wg, per_window, margin=i == iters - 1)  # margins only for the final state
         evals += a.distance_evals
         centroids, sizes = update_fn(x, a.labels, centroids)
     return ClusterState(centroids, a.labels, a.margin, sizes), evals

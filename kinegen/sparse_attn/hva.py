@@ -2,7 +2,7 @@
 
     attn = HVAttention(HVAConfig(density=0.25))
     out = attn(q, k, v, grid=(F, H, W))      # q, k, v: [batch, heads, tokens, head_dim], raster order
-    attn.last_stats                          # density, tile_efficiency, clustering_s, distance_evals, ...
+    attn.last_stats                          # density, tile_efficiency, clustering_s, merging_s, ...
 
 One call = one attention layer at one denoising step. The module keeps the clustering state between
 calls (per batch element and head; one module per layer and guidance branch in a pipeline), so the
@@ -194,16 +194,17 @@ class _ClusteredSparseAttention(torch.nn.Module):
     @property
     def last_stats(self) -> dict[str, Any]:
         """The last call's statistics: ``density`` (executed share of dense work, padding included),
-        ``useful_density``, ``tile_efficiency``, ``clustering_s``, ``layout_s``, ``attention_s``,
+        ``useful_density``, ``tile_efficiency``, ``clustering_s`` (the q and k clusterings), ``merging_s``
+        (hardware-aware merging; 0 without it), ``layout_s``, ``attention_s``,
         ``distance_evals``, ``anchor``, ``q_clusters``, ``k_clusters``, ``block_pattern`` (the first
         head's tile mask), ``call``. Computed on the device during the call and read here, so that a
         GPU is not stalled at every layer (reading them waits for the call to finish)."""
         if self._pending is not None:
             raw, timer = self._pending
             self._pending = None
-            clustering_s, layout_s, attention_s = timer.seconds()
+            clustering_s, merging_s, layout_s, attention_s = timer.seconds()
             self._stats = {**{k: _host_value(k, v) for k, v in raw.items()}, "clustering_s": clustering_s,
-                           "layout_s": layout_s, "attention_s": attention_s}
+                           "merging_s": merging_s, "layout_s": layout_s, "attention_s": attention_s}
         return self._stats
 
     def reset(self) -> None:
@@ -255,6 +256,7 @@ class _ClusteredSparseAttention(torch.nn.Module):
         timer.mark()
         qs, ks, info = self._cluster(qv, kv_, tuple(grid))
         self.q_state, self.k_state = qs, ks
+        timer.mark()
         (lq, cq, nq), (lk, ck, nk) = self._merge(qv, qs, kv_, ks)
         timer.mark()
         P = B.cluster_scores(cq, nq, ck, nk, scale)

@@ -87,8 +87,9 @@ def _kernels():
 
 
 def assign_local_triton(x: torch.Tensor, centroids: torch.Tensor, wg: WindowGrid, per_window: int,
-                        tokens: torch.Tensor | None = None) -> Assignment:
-    """Triton version of :func:`~kinegen.sparse_attn.clustering.assign_local` (same arguments and result)."""
+                        tokens: torch.Tensor | None = None, margin: bool = True) -> Assignment:
+    """Triton version of :func:`~kinegen.sparse_attn.clustering.assign_local` (same arguments and result;
+    the kernel computes the margin in the same pass, so ``margin=False`` saves nothing here)."""
     _require_triton(x)
     assign_kernel, _ = _kernels()
     B, H, N, D = x.shape
@@ -96,10 +97,11 @@ def assign_local_triton(x: torch.Tensor, centroids: torch.Tensor, wg: WindowGrid
     order = (wg.on(x.device, "order") if tokens is None else subset_table(wg, tokens.to(x.device))).contiguous()
     cand = wg.on(x.device, f"cand{per_window}", lambda w: candidate_centroids(w, per_window)).contiguous()
     labels = torch.full((B, H, N), -1, dtype=torch.long, device=x.device)
-    margin = torch.full((B, H, N), float("inf"), dtype=torch.float32, device=x.device)
+    margins = torch.full((B, H, N), float("inf"), dtype=torch.float32, device=x.device)
     T, C = order.shape[1], cand.shape[1]
-    assign_kernel[(B * H, wg.num_windows)](x.contiguous(), centroids.contiguous(), order, cand, labels, margin, N, K, D,
-                                           T, C, BT=_next_pow2(T), BC=_next_pow2(C), BD=min(64, _next_pow2(D)))
+    assign_kernel[(B * H, wg.num_windows)](x.contiguous(), centroids.contiguous(), order, cand, labels, margins,
+                                           N, K, D, T, C, BT=_next_pow2(T), BC=_next_pow2(C),
+                                           BD=min(64, _next_pow2(D)))
     # Counted without reading the GPU: from the host-side window table, or as a device tensor for a subset.
     def n_cand(w):
         return (candidate_centroids(w, per_window) >= 0).sum(1)
@@ -109,7 +111,7 @@ def assign_local_triton(x: torch.Tensor, centroids: torch.Tensor, wg: WindowGrid
     else:
         evals = wg.on(x.device, f"ncand{per_window}", n_cand)[
             wg.on(x.device, "window_of_token")[tokens.to(x.device)]].sum() * B * H
-    return Assignment(labels, margin.to(x.dtype), evals)
+    return Assignment(labels, margins, evals)
 
 
 def update_centroids_triton(x: torch.Tensor, labels: torch.Tensor,
