@@ -174,7 +174,7 @@ def nearest_in_windows(xw: torch.Tensor, shape: torch.Size, order: torch.Tensor,
     labels[:, dest] = labels_w[:, keep]
     margins = torch.full((G, N), float("inf"), dtype=torch.float32, device=xw.device)
     if margin and C > 1:
-        second = d.scatter(-1, idx.unsqueeze(-1), float("inf")).amin(-1)
+        second = d.scatter_(-1, idx.unsqueeze(-1), float("inf")).amin(-1)  # d is ours: mask the best in place
         margins[:, dest] = (second - best).view(G, nW, T)[:, keep]
     evals = int(((cand >= 0).sum(1) * keep.sum(1)).sum())
     return Assignment(labels.view(B, Hh, N), margins.view(B, Hh, N), evals * G)
