@@ -57,7 +57,7 @@ def main():
     print(head + "\n" + sep)
     for label, name in [("MP-GAN (all changes, lr 3e-3)", "mp3-s0"), ("- MP residuals", "mp3-no-mp_residual"),
                         ("- weight normalisation and centering", "mp3-no-weight_norm"),
-                        ("MP-GAN at lr 1e-2 (EDM2's rate)", "mp-s0"),
+                        ("MP-GAN at lr 1e-2 (EDM2's rate)", "mp-s0"), ("MP-GAN at lr 1.5e-3", "mp15-s0"),
                         ("R3GAN baseline (all off, lr 2e-4)", "r3gan-s0"),
                         ("R3GAN baseline (all off, lr 6e-4)", "r3gan6-s0")]:
         if (RESULTS / f"{name}.json").is_file():

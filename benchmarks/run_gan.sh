@@ -31,4 +31,7 @@ run mp-s0 --seed 0 --steps 1000 --lr 0.01 & run r3gan6-s0 --seed 0 "${R36[@]}" &
 run r3gan6-s1 --seed 1 "${R36[@]}"
 # A third seed of the MP-GAN and of the stronger baseline (R3GAN at lr 6e-4), side by side.
 run mp3-s2 --seed 2 "${MP[@]}" & run r3gan6-s2 --seed 2 "${R36[@]}" & wait
+# A lower MP learning rate (seed 0), beside the weight-normalisation ablation if lane_a did not finish it.
+[ -f "$OUT/mp3-no-weight_norm.json" ] || run mp3-no-weight_norm --seed 0 "${MP[@]}" --ablate weight_norm,centering &
+run mp15-s0 --seed 0 --steps 1000 --lr 0.0015 & wait
 echo done
