@@ -120,6 +120,10 @@ def test_object_weighted_flow_loss():
     # the error sits on the object: weight 5 of a total 8
     assert _flow_loss(pred, target, mask, 4.0) == pytest.approx(5 / 8)
     assert _flow_loss(pred, target, 1 - mask, 4.0) == pytest.approx(1 / 16)
+    # latent frame 0 weighted 3 against frame 1's 1: the error on frame 0 counts 3 of a total 4 weight units
+    pred2, target2 = torch.zeros(1, 1, 2, 1, 1), torch.tensor([1.0, 0.0]).view(1, 1, 2, 1, 1)
+    assert _flow_loss(pred2, target2, None, 4.0, first_frame_weight=3.0) == pytest.approx(3 / 4)
+    assert _flow_loss(pred2, target2, torch.ones(1, 1, 2, 1, 1), 4.0, first_frame_weight=3.0) == pytest.approx(3 / 4)
 
 
 def test_train_export_replaces_the_folder_whole(tmp_path):

@@ -34,6 +34,7 @@ class T2VTrainConfig:
     flow_shift: float = 3.0
     ema: float = 0.999
     object_weight: float = 4.0  # extra loss weight on latent pixels an object covers (0 = plain MSE)
+    first_frame_weight: float = 1.0  # loss weight of latent frame 0 (the VAE decodes it most sensitively)
     init: str | None = None  # start from this pipeline folder's transformer and text encoder (a further stage)
     shape_weights: str = ""  # sample clips by their first shape more or less often, e.g. "star=2"
     seed: int = 0
