@@ -136,6 +136,17 @@ def test_gan_training_resumes_and_exports_a_post_hoc_ema(tmp_path):
         train_gan(tmp_path / "run", _tiny_train(steps=4, widths="64,32,32"))
 
 
+def test_gan_training_starts_the_generator_output_gain_where_asked(tmp_path):
+    from safetensors.torch import load_file
+
+    from kinegen.training.gan import train_gan
+
+    for init in (1.0, 0.0):
+        train_gan(tmp_path / f"g{init}", _tiny_train(steps=1, lr=1e-12, out_gain_init=init))
+        gain = load_file(str(tmp_path / f"g{init}" / "checkpoint" / "generator.safetensors"))["out_gain"]
+        assert abs(float(gain) - init) < 1e-6
+
+
 def test_gan_image_folder_errors(tmp_path):
     import numpy as np
     from PIL import Image

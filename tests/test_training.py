@@ -88,6 +88,34 @@ def test_vae_decoder_only_fine_tune_keeps_the_latent_space(tmp_path):
     assert a.config.latents_mean == b.config.latents_mean and a.config.latents_std == b.config.latents_std
 
 
+def test_vae_first_frame_noise_lands_on_latent_frame_0_only():
+    from kinegen.training.configs import VAETrainConfig
+    from kinegen.training.vae import _latent_noise
+
+    torch.manual_seed(0)
+    mu = torch.randn(64, 4, 3, 8, 8)  # [B, C, latent frames, H, W], unit std
+    std = torch.tensor([0.5, 1.0, 2.0, 4.0])
+    base = _latent_noise(mu, VAETrainConfig(), std)
+    assert base.std().item() == pytest.approx(0.05, rel=0.05)  # 0.05 of the latent's std everywhere
+    noisy = _latent_noise(mu, VAETrainConfig(first_frame_noise=0.6), std)
+    assert noisy[:, :, 1:].std().item() == pytest.approx(0.05, rel=0.05)  # later frames unchanged
+    # frame 0: std per channel about latents_std x sqrt(E[U(0, 0.6)^2]) = latents_std x 0.346 (plus the 0.05)
+    per_channel = noisy[:, :, 0].transpose(0, 1).flatten(1).std(1)
+    expected = (std**2 * 0.6**2 / 3 + 0.05**2).sqrt()
+    assert torch.allclose(per_channel, expected, rtol=0.1)
+
+
+def test_vae_first_frame_weight_scales_frame_0_and_keeps_the_mean():
+    from kinegen.training.configs import VAETrainConfig
+    from kinegen.training.vae import _batch
+
+    x, w = _batch(0, VAETrainConfig(batch_size=2, frames=5, crop=32))
+    x8, w8 = _batch(0, VAETrainConfig(batch_size=2, frames=5, crop=32, first_frame_weight=6))
+    assert torch.equal(x, x8)
+    ratio = w8 / w  # per frame: 6 / 2 on frame 0 and 1 / 2 on the others (mean frame factor (6 + 4) / 5)
+    assert torch.allclose(ratio[:, :, 0], torch.tensor(3.0)) and torch.allclose(ratio[:, :, 1:], torch.tensor(0.5))
+
+
 def test_adherence_classifier_shapes():
     from kinegen.models.adherence import AdherenceClassifier, downsample_frames, prepare
 

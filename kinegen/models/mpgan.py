@@ -206,7 +206,10 @@ class Generator(nn.Module):
             self.modulation = Linear(cond, c0, bias=True, mp=mp, centering=cen)
         self.stages, self.transitions = _stages(cfg.widths, cfg)
         self.to_rgb = Conv(cfg.widths[-1], 3, 1, bias=True, mp=mp, centering=False)
-        self.out_gain = nn.Parameter(torch.zeros(())) if mp else None
+        # A learned output gain, initialised to 1 as in R3GAN's successor. (EDM2's denoiser starts its
+        # output gain at 0; here that gain was still +-0.05 after 1,000 steps and G had grown its last
+        # features ~11x instead: docs/gan.md.)
+        self.out_gain = nn.Parameter(torch.ones(())) if mp else None
 
     def label_vector(self, class_labels: torch.Tensor) -> torch.Tensor:
         onehot = F.one_hot(class_labels, self.cfg.num_classes).to(self.embed.weight.dtype)

@@ -16,6 +16,8 @@ class VAETrainConfig:
     init: str | None = None  # start from this VAE folder instead of random weights
     decoder_only: bool = False  # train only the decoder (needs --init): latents, and so the transformer, unchanged
     object_weight: float = 4.0  # extra loss weight on object pixels
+    first_frame_weight: float = 1.0  # loss weight of video frame 0 (the causal VAE codes it alone)
+    first_frame_noise: float = 0.0  # max std of extra noise on latent frame 0 (units of latents_std); 0 = none
     seed: int = 0
     max_minutes: float | None = None
     checkpoint_every: int = 200
@@ -64,6 +66,7 @@ class GANTrainConfig:
     lr: float = 0.0  # 0 = the variant's default (MP 3e-3, R3GAN 2e-4), decayed 10x by a cosine to the end
     gamma: float = 1.0  # R1/R2 weight at the start, decayed 10x by a cosine
     dataset_images: int = 20000  # procedural images (the "shapes" data) drawn from a fixed pool
+    out_gain_init: float = 1.0  # MP generator's learned output gain at step 0 (runs before 2026-11-30: 0)
     ema_sigma_rels: str = "0.05,0.10"
     snapshot_every: int = 250
     magnitude_every: int = 50

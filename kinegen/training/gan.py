@@ -155,6 +155,9 @@ def train_gan(run_dir: str | Path, cfg: GANTrainConfig) -> Path:
         meta_path.write_text(json.dumps(meta, indent=2))
     torch.manual_seed(cfg.seed)
     g, d = Generator(net), Discriminator(net)
+    if g.out_gain is not None:
+        with torch.no_grad():
+            g.out_gain.fill_(cfg.out_gain_init)
     sigmas = tuple(float(s) for s in cfg.ema_sigma_rels.split(","))
     ema = PowerEMA(g, sigmas)
     lr0 = cfg.lr or DEFAULT_LR[cfg.variant]
