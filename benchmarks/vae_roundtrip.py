@@ -14,8 +14,8 @@ import argparse
 import numpy as np
 import torch
 
-from kinegen.data.shapes import BACKGROUNDS, render_clip, sample_clip
-from kinegen.training.vae import to_tensor
+from kinegen.data.shapes import render_clip, sample_clip
+from kinegen.training.vae import object_pixels, to_tensor
 
 
 def clip_errors(vae, spec) -> list[float]:
@@ -24,8 +24,7 @@ def clip_errors(vae, spec) -> list[float]:
     x = to_tensor(clip[None])
     with torch.no_grad():
         y = vae.decode(vae.encode(x).latent_dist.mode()).sample.clamp(-1, 1)
-    bg = np.array(BACKGROUNDS[spec.background], np.int16)
-    obj = torch.from_numpy((np.abs(clip.astype(np.int16) - bg).max(-1) > 40).astype(np.float32))[None, None]
+    obj = torch.from_numpy(object_pixels(clip, spec.background))[None, None]
     e = (y - x) ** 2
 
     def masked(m, frames):

@@ -50,6 +50,13 @@ def decode_unclamped(vae, z: torch.Tensor) -> torch.Tensor:
     return torch.cat(frames, dim=2)
 
 
+def object_pixels(clip: np.ndarray, background: str) -> np.ndarray:
+    """Approximate object mask of uint8 frames ``[..., H, W, 3]``: pixels more than 40 levels away from the
+    background's base colour (1.0), the rest 0.0."""
+    bg = np.array(BACKGROUNDS[background], np.int16)
+    return (np.abs(clip.astype(np.int16) - bg).max(-1) > 40).astype(np.float32)
+
+
 def _batch(step: int, cfg: VAETrainConfig):
     clips, masks = [], []
     for i in range(cfg.batch_size):
@@ -61,10 +68,8 @@ def _batch(step: int, cfg: VAETrainConfig):
         y = int(rng.integers(0, size - cfg.crop + 1))
         x = int(rng.integers(0, size - cfg.crop + 1))
         clip = clip[:, y:y + cfg.crop, x:x + cfg.crop]
-        bg = np.array(BACKGROUNDS[spec.background], np.int16)
-        fg = (np.abs(clip.astype(np.int16) - bg).max(-1) > 40).astype(np.float32)  # object pixels (approx.)
         clips.append(clip)
-        masks.append(fg)
+        masks.append(object_pixels(clip, spec.background))
     x = to_tensor(np.stack(clips))
     w = 1.0 + cfg.object_weight * torch.from_numpy(np.stack(masks))[:, None]
     if cfg.first_frame_weight != 1:  # scaled so that the mean frame weight stays 1
