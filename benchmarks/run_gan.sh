@@ -21,21 +21,31 @@ run() {  # name, train flags...
   cp "runs/gan-bench/$name/log.jsonl" "$OUT/$name.log.jsonl"
   cp "runs/gan-bench/$name.time" "$OUT/$name.time"
 }
-MP=(--steps 1000 --lr 0.003 --out-gain-init 0)   # the first rows: G output gain from 0 (EDM2)
+# Every MP run before the last block used learned 1x1 transitions, an activated D extraction layer and linear
+# class embeddings (then the only MP form): LEARNED names those, A (ablate) the R3GAN2 switches they lack.
+A=free_transitions,linear_extraction,shared_class_init
+LEARNED=(--widths 128,128,96,64)
+MP=(--steps 1000 --lr 0.003 --out-gain-init 0 "${LEARNED[@]}" --ablate $A)   # the first rows: G output gain from 0 (EDM2)
 R3=(--variant r3gan --widths 192,176,144,96 --steps 625)   # 1,676,515 parameters; the MP default has 1,676,164
-lane_a() { run mp3-s0 --seed 0 "${MP[@]}"; run r3gan-s1 --seed 1 "${R3[@]}"; run mp3-no-weight_norm --seed 0 "${MP[@]}" --ablate weight_norm,centering; }
-lane_b() { run r3gan-s0 --seed 0 "${R3[@]}"; run mp3-s1 --seed 1 "${MP[@]}"; run mp3-no-mp_residual --seed 0 "${MP[@]}" --ablate mp_residual; }
+lane_a() { run mp3-s0 --seed 0 "${MP[@]}"; run r3gan-s1 --seed 1 "${R3[@]}"; run mp3-no-weight_norm --seed 0 "${MP[@]}" --ablate $A,weight_norm,centering; }
+lane_b() { run r3gan-s0 --seed 0 "${R3[@]}"; run mp3-s1 --seed 1 "${MP[@]}"; run mp3-no-mp_residual --seed 0 "${MP[@]}" --ablate $A,mp_residual; }
 lane_a & lane_b & wait
 R36=(--variant r3gan --widths 192,176,144,96 --steps 625 --lr 0.0006)   # the baseline's second learning rate
-run mp-s0 --seed 0 --steps 1000 --lr 0.01 --out-gain-init 0 & run r3gan6-s0 --seed 0 "${R36[@]}" & wait   # lr 1e-2: ablation row
+run mp-s0 --seed 0 --steps 1000 --lr 0.01 --out-gain-init 0 "${LEARNED[@]}" --ablate $A & run r3gan6-s0 --seed 0 "${R36[@]}" & wait   # lr 1e-2: ablation row
 run r3gan6-s1 --seed 1 "${R36[@]}"
 # A third seed of the MP-GAN and of the stronger baseline (R3GAN at lr 6e-4), side by side.
 run mp3-s2 --seed 2 "${MP[@]}" & run r3gan6-s2 --seed 2 "${R36[@]}" & wait
 # A lower MP learning rate (seed 0), beside the weight-normalisation ablation if lane_a did not finish it.
-[ -f "$OUT/mp3-no-weight_norm.json" ] || run mp3-no-weight_norm --seed 0 "${MP[@]}" --ablate weight_norm,centering &
-run mp15-s0 --seed 0 --steps 1000 --lr 0.0015 --out-gain-init 0 & wait
+[ -f "$OUT/mp3-no-weight_norm.json" ] || run mp3-no-weight_norm --seed 0 "${MP[@]}" --ablate $A,weight_norm,centering &
+run mp15-s0 --seed 0 --steps 1000 --lr 0.0015 --out-gain-init 0 "${LEARNED[@]}" --ablate $A & wait
 # 2026-11-30: the MP generator's output gain starts at 1 (R3GAN2; now the default) instead of 0; three seeds.
-MPG=(--steps 1000 --lr 0.003)
+MPG=(--steps 1000 --lr 0.003 "${LEARNED[@]}" --ablate $A)
 run mpg-s1 --seed 1 "${MPG[@]}" & run mpg-s2 --seed 2 "${MPG[@]}" & wait
 run mpg-s0 --seed 0 "${MPG[@]}"
+# 2026-11-30: R3GAN2's parameter-free width changes, linear D extraction and shared class-embedding start
+# (all three now the MP default; widths 128/128/128/64, 1,700,932 parameters; 1.38 s/step against the
+# baseline's 2.26, so 1,000 steps is still the equal budget: benchmarks/gan_step_time.py).
+MP2=(--steps 1000 --lr 0.003)
+run mp2-s0 --seed 0 "${MP2[@]}" & run mp2-s1 --seed 1 "${MP2[@]}" & wait
+run mp2-s2 --seed 2 "${MP2[@]}"
 echo done

@@ -250,11 +250,26 @@ def _add_dataclass_flags(p: argparse.ArgumentParser, cfg_cls) -> None:
     import dataclasses
 
     g = p.add_argument_group("training settings")
+    comments = _field_comments(cfg_cls)
     for f in dataclasses.fields(cfg_cls):
         typ = {"int": int, "float": float, "str": str, "bool": _parse_bool}.get(
             str(f.type).split(" |")[0].replace("'", ""), str)
+        default = repr(f.default) if f.default == "" else f.default
+        note = comments.get(f.name, "").replace("%", "%%")
         g.add_argument(f"--{f.name.replace('_', '-')}", type=typ, default=f.default, metavar=f.name.upper(),
-                       help=f"(default: {f.default})")
+                       help=f"{note} (default: {default})".strip())
+
+
+def _field_comments(cfg_cls) -> dict[str, str]:
+    """The comment after each field of a config dataclass (``name: type = value  # comment``), as help."""
+    import inspect
+    import re
+
+    try:
+        source = inspect.getsource(cfg_cls)
+    except (OSError, TypeError):
+        return {}
+    return {m[1]: m[2].strip() for m in re.finditer(r"^\s+(\w+)\s*:[^#\n]*#(.*)$", source, re.M)}
 
 
 def _parse_bool(text: str) -> bool:

@@ -10,12 +10,15 @@ import torch
 from kinegen.models.mpgan import (
     LRELU_GAIN_MP,
     LRELU_GAIN_R3GAN,
+    ClassEmbedding,
     Conv,
     Discriminator,
     GANConfig,
     Generator,
+    downsample_free,
     lrelu,
     renormalize_,
+    upsample_free,
 )
 
 SMALL = dict(resolution=16, widths=(64, 64, 32), num_classes=4)
@@ -56,6 +59,53 @@ def test_networks_run_and_switch_all_changes(mp):
     convs = [m for m in g.modules() if isinstance(m, Conv)]
     assert all(m.mp == mp for m in convs)
     assert (g.out_gain is not None) == mp and hasattr(g, "head1") == mp and hasattr(g, "const") == (not mp)
+    assert (len(g.transitions) == 0) == mp and isinstance(d.class_embed, ClassEmbedding) == mp
+
+
+def test_free_transitions_copy_and_average_without_parameters():
+    x = torch.randn(2, 8, 4, 4)
+    up = upsample_free(x, 6)  # 8 -> 6 channels: each channel 3 times, as 2x2 sub-pixels
+    assert up.shape == (2, 6, 8, 8)
+    # output channel 0's 2x2 sub-pixels are copies 1-3 of input channel 0 and copy 1 of channel 1
+    torch.testing.assert_close(up[:, 0, :2, :2].flatten(1), torch.stack([x[:, 0, 0, 0]] * 3 + [x[:, 1, 0, 0]], 1))
+    # every input value is copied 3 times: the magnitude is kept exactly
+    torch.testing.assert_close(up.square().mean(), x.square().mean())
+    assert set(up[0].flatten().tolist()) <= set(x[0].flatten().tolist())
+    assert upsample_free(x, 8).shape == (2, 8, 8, 8)
+    down = downsample_free(torch.ones(2, 6, 8, 8) * torch.arange(6.0).view(1, 6, 1, 1), 8)
+    assert down.shape == (2, 8, 4, 4)  # 6 channels x 4 sub-pixels = 24, averaged in groups of 3
+    torch.testing.assert_close(down[0, :, 0, 0], torch.tensor([0, 0.6667, 1.3333, 2, 3, 3.6667, 4.3333, 5]),
+                               atol=1e-4, rtol=0)
+    torch.testing.assert_close(downsample_free(x, 8), torch.nn.functional.avg_pool2d(x, 2))
+    with pytest.raises(ValueError, match="free_transitions: a width change 96 -> 64"):
+        GANConfig(resolution=16, widths=(96, 96, 64))
+    GANConfig(resolution=16, widths=(96, 96, 64), free_transitions=False)  # learned 1x1 transitions: any widths
+
+
+def test_class_embeddings_start_as_one_vector_and_stay_unit_rms():
+    emb = ClassEmbedding(5, 16)
+    rows = emb(torch.arange(5))
+    torch.testing.assert_close(rows, rows[:1].expand(5, 16))  # every class starts the same (R3GAN2)
+    torch.testing.assert_close(rows.square().mean(1), torch.ones(5), atol=1e-3, rtol=0)
+    torch.testing.assert_close(rows.mean(1), torch.zeros(5), atol=1e-5, rtol=0)  # centred
+    with torch.no_grad():
+        emb.weight.add_(torch.randn_like(emb.weight))
+    renormalize_(emb)
+    rows = emb(torch.arange(5))
+    assert (rows[0] - rows[1]).abs().max() > 0.1
+    torch.testing.assert_close(rows.square().mean(1), torch.ones(5), atol=1e-3, rtol=0)
+
+
+def test_generators_saved_before_the_r3gan2_switches_load_as_built(tmp_path):
+    from kinegen.pipelines.mpgan import MPGANGenerator
+
+    old = dict(resolution=16, num_classes=4, widths=[64, 64, 32], class_names=list("abcd"))
+    gen = MPGANGenerator(**old)  # a config.json without the three switches
+    assert not gen.net.cfg.free_transitions and len(gen.net.transitions) == 2
+    gen.save_pretrained(tmp_path / "g")
+    again = MPGANGenerator.from_pretrained(tmp_path / "g")
+    z, c = torch.randn(2, 64), torch.tensor([0, 3])
+    torch.testing.assert_close(again(z, c), gen(z, c))
 
 
 def test_bad_configs_are_refused():

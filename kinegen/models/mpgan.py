@@ -17,7 +17,15 @@ a projection discriminator. The magnitude-preserving (MP) changes follow EDM2 (K
   tracked analytically and divided out at every resolution change and before the heads;
 - ``ff_heads``: feed-forward heads (G: a ones-augmented linear layer into a grouped 4x4 generative
   basis; D: a 1x1 expansion, a grouped 4x4 basis and a linear projection) instead of R3GAN's learned
-  constant input and depthwise basis head.
+  constant input and depthwise basis head;
+- ``free_transitions``: width changes between stages without parameters, as R3GAN's successor makes
+  them (G: repeat every channel ``4 C_out / C_in`` times, then pixel shuffle; D: pixel unshuffle, then
+  the mean over groups of ``4 C_in / C_out`` channels; plain resampling where the widths are equal)
+  instead of a learned 1x1 convolution after the resampling;
+- ``linear_extraction``: no activation after D's 1x1 RGB extraction layer (R3GAN's successor);
+- ``shared_class_init``: both networks' class embeddings are rows of one centred, unit-RMS table
+  (:class:`ClassEmbedding`) that start as the same vector, so G and D start unconditional and
+  learn the classes apart (R3GAN's successor), instead of a linear layer on one-hot labels.
 
 All switches off is the R3GAN baseline; all on is the MP-GAN. ``D.magnitudes`` records the RMS of
 the discriminator's activations per stage (the diagnostic of docs/gan.md).
@@ -44,7 +52,7 @@ class GANConfig:
 
     resolution: int = 32
     num_classes: int = 10
-    widths: tuple[int, ...] = (128, 128, 96, 64)  # per stage, from 4x4 up to ``resolution``
+    widths: tuple[int, ...] = (128, 128, 128, 64)  # per stage, from 4x4 up to ``resolution``
     blocks_per_stage: int = 1
     group_channels: int = 32  # channels per group in the grouped 3x3 convolutions
     z_dim: int = 64
@@ -54,6 +62,9 @@ class GANConfig:
     mp_lrelu: bool = True
     mp_residual: bool = True
     ff_heads: bool = True
+    free_transitions: bool = True
+    linear_extraction: bool = True
+    shared_class_init: bool = True
 
     def __post_init__(self):
         self.widths = tuple(int(w) for w in self.widths)
@@ -65,6 +76,12 @@ class GANConfig:
                              f"{stages}, got {len(self.widths)}")
         if any(2 * w % self.group_channels for w in self.widths):
             raise ValueError("2 x every width must be a multiple of group_channels")
+        if self.free_transitions:
+            for a, b in zip(self.widths[:-1], self.widths[1:], strict=True):
+                if a != b and (4 * b % a or 4 * b < a):
+                    raise ValueError(f"free_transitions: a width change {a} -> {b} needs 4 x {b} to be a multiple "
+                                     f"of {a} (e.g. 128 -> 64, 128 -> 96, 64 -> 64); change --widths or "
+                                     "ablate free_transitions")
 
     @property
     def mp(self) -> bool:
@@ -72,7 +89,8 @@ class GANConfig:
 
     @classmethod
     def baseline(cls, **kw) -> GANConfig:
-        return cls(weight_norm=False, centering=False, mp_lrelu=False, mp_residual=False, ff_heads=False, **kw)
+        return cls(weight_norm=False, centering=False, mp_lrelu=False, mp_residual=False, ff_heads=False,
+                   free_transitions=False, linear_extraction=False, shared_class_init=False, **kw)
 
 
 # ---------------------------------------------------------------------------- layers
@@ -140,6 +158,22 @@ def lrelu(x: torch.Tensor, mp: bool) -> torch.Tensor:
     return F.leaky_relu(x, SLOPE) * (LRELU_GAIN_MP if mp else LRELU_GAIN_R3GAN)
 
 
+class ClassEmbedding(Conv):
+    """A table of class vectors, each a centred unit-RMS row (R3GAN's successor's class embedder).
+
+    Stored as the filters of a 1x1 convolution ``embed_dim -> num_classes`` so that forced weight
+    normalisation treats every row as a filter; every row starts as the same random vector.
+    """
+
+    def __init__(self, num_classes: int, embed_dim: int):
+        super().__init__(embed_dim, num_classes, 1, mp=True, centering=True)
+        with torch.no_grad():
+            self.weight.copy_(self.weight[:1].expand_as(self.weight))
+
+    def forward(self, class_labels: torch.Tensor) -> torch.Tensor:
+        return normalize(self.weight, self.centering).flatten(1)[class_labels]
+
+
 class ResidualBlock(nn.Module):
     """1x1 C->2C, act, grouped 3x3, act, 1x1 2C->C; added to the trunk (R3GAN Fig. 3)."""
 
@@ -175,13 +209,41 @@ def _unit(x: torch.Tensor, var) -> torch.Tensor:
 
 
 def _stages(widths, cfg: GANConfig) -> tuple[nn.ModuleList, nn.ModuleList]:
-    """Residual blocks per stage, and the 1x1 width changes between consecutive stages."""
+    """Residual blocks per stage, and the learned 1x1 width changes between stages (none if free)."""
     total = cfg.blocks_per_stage * len(widths)
     stages = nn.ModuleList(nn.ModuleList(ResidualBlock(c, cfg, total) for _ in range(cfg.blocks_per_stage))
                            for c in widths)
+    if cfg.free_transitions:
+        return stages, nn.ModuleList()
     transitions = nn.ModuleList(Conv(a, b, 1, mp=cfg.weight_norm, centering=cfg.centering)
                                 for a, b in zip(widths[:-1], widths[1:], strict=True))
     return stages, transitions
+
+
+def upsample_free(x: torch.Tensor, cout: int) -> torch.Tensor:
+    """Twice the resolution and ``cout`` channels without parameters (``free_transitions``, in G).
+
+    Equal widths: bilinear upsampling. Otherwise every channel is repeated ``4 cout / cin`` times and
+    the copies are laid out as the 2x2 sub-pixels (pixel shuffle): values are copied, so the
+    magnitude is kept exactly.
+    """
+    cin = x.shape[1]
+    if cin == cout:
+        return F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False)
+    return F.pixel_shuffle(x.repeat_interleave(4 * cout // cin, dim=1), 2)
+
+
+def downsample_free(x: torch.Tensor, cout: int) -> torch.Tensor:
+    """Half the resolution and ``cout`` channels without parameters (``free_transitions``, in D).
+
+    Equal widths: 2x2 average pooling. Otherwise the 2x2 sub-pixels become channels (pixel unshuffle)
+    and consecutive groups of ``4 cin / cout`` of them are averaged.
+    """
+    n, cin, h, w = x.shape
+    if cin == cout:
+        return F.avg_pool2d(x, 2)
+    x = F.pixel_unshuffle(x, 2)
+    return x.view(n, cout, 4 * cin // cout, h // 2, w // 2).mean(2)
 
 
 # ---------------------------------------------------------------------------- generator
@@ -195,7 +257,10 @@ class Generator(nn.Module):
         self.cfg = cfg
         mp, cen = cfg.weight_norm, cfg.centering
         c0 = cfg.widths[0]
-        self.embed = Linear(cfg.num_classes, cfg.embed_dim, mp=mp, centering=False)
+        if cfg.shared_class_init:
+            self.embed = ClassEmbedding(cfg.num_classes, cfg.embed_dim)
+        else:
+            self.embed = Linear(cfg.num_classes, cfg.embed_dim, mp=mp, centering=False)
         cond = cfg.z_dim + cfg.embed_dim
         if cfg.ff_heads:
             self.head1 = Linear(cond, 2 * c0, bias=True, mp=mp, centering=cen, init_gain=LRELU_GAIN_R3GAN)
@@ -212,6 +277,8 @@ class Generator(nn.Module):
         self.out_gain = nn.Parameter(torch.ones(())) if mp else None
 
     def label_vector(self, class_labels: torch.Tensor) -> torch.Tensor:
+        if self.cfg.shared_class_init:
+            return self.embed(class_labels)  # already unit RMS
         onehot = F.one_hot(class_labels, self.cfg.num_classes).to(self.embed.weight.dtype)
         e = self.embed(onehot * math.sqrt(self.cfg.num_classes))
         return e / e.square().mean(1, keepdim=True).add(1e-8).sqrt()
@@ -232,8 +299,10 @@ class Generator(nn.Module):
             if i + 1 < len(self.stages):
                 x = _unit(x, var)
                 var = 1.0
-                x = F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False)
-                x = self.transitions[i](x)
+                if cfg.free_transitions:
+                    x = upsample_free(x, cfg.widths[i + 1])
+                else:
+                    x = self.transitions[i](F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False))
         x = self.to_rgb(_unit(x, var))
         if self.out_gain is not None:
             x = x * self.out_gain
@@ -250,7 +319,7 @@ class Discriminator(nn.Module):
         super().__init__()
         self.cfg = cfg
         mp, cen = cfg.weight_norm, cfg.centering
-        widths = cfg.widths[::-1]  # from full resolution down to 4x4
+        self.widths = widths = cfg.widths[::-1]  # from full resolution down to 4x4
         self.from_rgb = Conv(3, widths[0], 1, bias=True, mp=mp, centering=False, init_gain=LRELU_GAIN_R3GAN)
         self.stages, self.transitions = _stages(widths, cfg)
         c4 = widths[-1]
@@ -262,15 +331,20 @@ class Discriminator(nn.Module):
         else:
             self.basis = Conv(c4, c4, 4, groups=c4, mp=mp, centering=cen)
             self.head2 = Linear(c4, cfg.embed_dim, mp=mp, centering=cen)
-        self.class_embed = Linear(cfg.num_classes, cfg.embed_dim, mp=mp, centering=False,
-                                  init_gain=1 / math.sqrt(cfg.embed_dim) * math.sqrt(cfg.num_classes))
+        if cfg.shared_class_init:
+            self.class_embed = ClassEmbedding(cfg.num_classes, cfg.embed_dim)
+        else:
+            self.class_embed = Linear(cfg.num_classes, cfg.embed_dim, mp=mp, centering=False,
+                                      init_gain=1 / math.sqrt(cfg.embed_dim) * math.sqrt(cfg.num_classes))
         self.magnitudes: list[float] = []
         self.track_magnitudes = False
 
     def forward(self, x: torch.Tensor, class_labels: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
         mags = []
-        x = lrelu(self.from_rgb(x), cfg.mp_lrelu)
+        x = self.from_rgb(x)
+        if not cfg.linear_extraction:
+            x = lrelu(x, cfg.mp_lrelu)
         var: float | torch.Tensor = 1.0
         for i, blocks in enumerate(self.stages):
             for block in blocks:
@@ -280,15 +354,20 @@ class Discriminator(nn.Module):
             if self.track_magnitudes:  # per-channel RMS over space, mean over channels and batch
                 mags.append(float(x.detach().square().mean((2, 3)).sqrt().mean()))
             if i + 1 < len(self.stages):
-                x = self.transitions[i](F.avg_pool2d(x, 2))
+                if cfg.free_transitions:
+                    x = downsample_free(x, self.widths[i + 1])
+                else:
+                    x = self.transitions[i](F.avg_pool2d(x, 2))
         if cfg.ff_heads:
             h = lrelu(self.head1(x), cfg.mp_lrelu)
             h = lrelu(self.basis(h), cfg.mp_lrelu)[:, :, 0, 0]
         else:
             h = self.basis(x)[:, :, 0, 0]
         h = self.head2(h)
-        onehot = F.one_hot(class_labels, cfg.num_classes).to(h.dtype) * math.sqrt(cfg.num_classes)
-        e = self.class_embed(onehot)
+        if cfg.shared_class_init:
+            e = self.class_embed(class_labels).to(h.dtype)
+        else:
+            e = self.class_embed(F.one_hot(class_labels, cfg.num_classes).to(h.dtype) * math.sqrt(cfg.num_classes))
         if self.track_magnitudes:
             self.magnitudes = mags
         return (h * e).sum(1) / math.sqrt(cfg.embed_dim)

@@ -29,7 +29,10 @@ class MPGANGenerator(ModelMixin, ConfigMixin):
     def __init__(self, resolution: int = 32, num_classes: int = 12, widths: tuple = (128, 128, 96, 64),
                  blocks_per_stage: int = 1, group_channels: int = 32, z_dim: int = 64, embed_dim: int = 64,
                  weight_norm: bool = True, centering: bool = True, mp_lrelu: bool = True, mp_residual: bool = True,
-                 ff_heads: bool = True, class_names: list | None = None):
+                 ff_heads: bool = True, free_transitions: bool = False, linear_extraction: bool = False,
+                 shared_class_init: bool = False, class_names: list | None = None):
+        # The three R3GAN2 switches default to off here so that generators saved before they existed
+        # (their config.json lacks them) load as they were built; new ones save them explicitly.
         super().__init__()
         fields = {f.name for f in dataclasses.fields(GANConfig)}
         self.net = Generator(GANConfig(**{k: v for k, v in locals().items() if k in fields}))

@@ -58,9 +58,9 @@ class AdherenceTrainConfig:
 class GANTrainConfig:
     data: str = "shapes"  # "shapes" or "imagefolder:PATH"
     variant: str = "mp"  # "mp" (all magnitude-preserving changes) or "r3gan" (baseline)
-    ablate: str = ""  # comma-separated MP switches to turn off, e.g. "centering,mp_lrelu"
+    ablate: str = ""  # MP switches to turn off, comma-separated, e.g. "centering,mp_lrelu" (docs/gan.md)
     resolution: int = 32
-    widths: str = "128,128,96,64"
+    widths: str = "128,128,128,64"  # channels per stage from 4x4 up (runs before 2026-11-30: 128,128,96,64)
     steps: int = 3000
     batch_size: int = 32
     lr: float = 0.0  # 0 = the variant's default (MP 3e-3, R3GAN 2e-4), decayed 10x by a cosine to the end
