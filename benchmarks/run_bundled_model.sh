@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The figures of benchmarks/bundled_model.md: generation time and samples at the default and benchmark
 # sizes, prompt adherence over 100 prompts per split (and 100 more training-combination prompts on each of
-# prompt seeds 1 and 2), and the adherence ceiling the VAE allows.
+# prompt seeds 1 and 2), the adherence ceiling the VAE allows, and the first-frame check.
 # About 25 minutes on 2 CPU cores; run it on an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,3 +17,4 @@ for seed in 1 2; do
       -o "$OUT/adherence_seeds/train_seed$seed.json" | tee "$OUT/adherence_seeds/train_seed$seed.log"
 done
 "$PY" benchmarks/adherence_ceiling.py --clips 200 -o "$OUT/ceiling.json" | tee "$OUT/ceiling.log"
+"$PY" benchmarks/first_frame.py --model kinegen-shapes-t2v --grid "$OUT/first_frame.png" | tee "$OUT/first_frame.log"
