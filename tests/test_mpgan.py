@@ -62,21 +62,31 @@ def test_networks_run_and_switch_all_changes(mp):
     assert (len(g.transitions) == 0) == mp and isinstance(d.class_embed, ClassEmbedding) == mp
 
 
-def test_free_transitions_copy_and_average_without_parameters():
+def test_free_transitions_resample_without_parameters():
     x = torch.randn(2, 8, 4, 4)
-    up = upsample_free(x, 6)  # 8 -> 6 channels: each channel 3 times, as 2x2 sub-pixels
+    up = upsample_free(x, 6)  # 8 -> 6 channels: each channel 3 times, as 2x2 sub-pixels, then low-passed
     assert up.shape == (2, 6, 8, 8)
-    # output channel 0's 2x2 sub-pixels are copies 1-3 of input channel 0 and copy 1 of channel 1
-    torch.testing.assert_close(up[:, 0, :2, :2].flatten(1), torch.stack([x[:, 0, 0, 0]] * 3 + [x[:, 1, 0, 0]], 1))
-    # every input value is copied 3 times: the magnitude is kept exactly
-    torch.testing.assert_close(up.square().mean(), x.square().mean())
-    assert set(up[0].flatten().tolist()) <= set(x[0].flatten().tolist())
-    assert upsample_free(x, 8).shape == (2, 8, 8, 8)
-    down = downsample_free(torch.ones(2, 6, 8, 8) * torch.arange(6.0).view(1, 6, 1, 1), 8)
+    shuffled = torch.nn.functional.pixel_shuffle(x.repeat_interleave(3, dim=1), 2)
+    # output channel 0's sub-pixels are copies 1-3 of input channel 0 and copy 1 of channel 1 ...
+    torch.testing.assert_close(shuffled[:, 0, :2, :2].flatten(1), torch.stack([x[:, 0, 0, 0]] * 3 + [x[:, 1, 0, 0]], 1))
+    # ... blurred by [1, 2, 1] x [1, 2, 1] / 16
+    k = torch.tensor([1.0, 2.0, 1.0])
+    k = torch.outer(k, k) / 16
+    torch.testing.assert_close(up[:, :, 3, 3], (shuffled[:, :, 2:5, 2:5] * k).sum((-1, -2)))
+    # a constant stays constant away from the border, at both widths
+    ones = torch.ones(1, 8, 4, 4)
+    assert torch.allclose(upsample_free(ones, 6)[..., 1:-1, 1:-1], torch.tensor(1.0))
+    assert torch.allclose(upsample_free(ones, 8)[..., 1:-1, 1:-1], torch.tensor(1.0))
+    # equal widths: the [1, 3, 3, 1] binomial interpolation is bilinear upsampling away from the border
+    bilinear = torch.nn.functional.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False)
+    torch.testing.assert_close(upsample_free(x, 8)[..., 1:-1, 1:-1], bilinear[..., 1:-1, 1:-1])
+    ramp = torch.ones(2, 6, 8, 8) * torch.arange(6.0).view(1, 6, 1, 1)
+    down = downsample_free(ramp, 8)
     assert down.shape == (2, 8, 4, 4)  # 6 channels x 4 sub-pixels = 24, averaged in groups of 3
-    torch.testing.assert_close(down[0, :, 0, 0], torch.tensor([0, 0.6667, 1.3333, 2, 3, 3.6667, 4.3333, 5]),
+    torch.testing.assert_close(down[0, :, 1, 1], torch.tensor([0, 0.6667, 1.3333, 2, 3, 3.6667, 4.3333, 5]),
                                atol=1e-4, rtol=0)
-    torch.testing.assert_close(downsample_free(x, 8), torch.nn.functional.avg_pool2d(x, 2))
+    assert downsample_free(x, 8).shape == (2, 8, 2, 2)
+    assert torch.allclose(downsample_free(torch.ones(1, 8, 8, 8), 8)[..., 1:-1, 1:-1], torch.tensor(1.0))
     with pytest.raises(ValueError, match="free_transitions: a width change 96 -> 64"):
         GANConfig(resolution=16, widths=(96, 96, 64))
     GANConfig(resolution=16, widths=(96, 96, 64), free_transitions=False)  # learned 1x1 transitions: any widths

@@ -19,9 +19,9 @@ a projection discriminator. The magnitude-preserving (MP) changes follow EDM2 (K
   basis; D: a 1x1 expansion, a grouped 4x4 basis and a linear projection) instead of R3GAN's learned
   constant input and depthwise basis head;
 - ``free_transitions``: width changes between stages without parameters, as R3GAN's successor makes
-  them (G: repeat every channel ``4 C_out / C_in`` times, then pixel shuffle; D: pixel unshuffle, then
-  the mean over groups of ``4 C_in / C_out`` channels; plain resampling where the widths are equal)
-  instead of a learned 1x1 convolution after the resampling;
+  them (G: repeat every channel ``4 C_out / C_in`` times, pixel shuffle, [1, 2, 1] low-pass; D: low-pass,
+  pixel unshuffle, the mean over groups of ``4 C_in / C_out`` channels; binomial [1, 3, 3, 1] resampling
+  where the widths are equal) instead of a learned 1x1 convolution after bilinear resampling;
 - ``linear_extraction``: no activation after D's 1x1 RGB extraction layer (R3GAN's successor);
 - ``shared_class_init``: both networks' class embeddings are rows of one centred, unit-RMS table
   (:class:`ClassEmbedding`) that start as the same vector, so G and D start unconditional and
@@ -220,29 +220,42 @@ def _stages(widths, cfg: GANConfig) -> tuple[nn.ModuleList, nn.ModuleList]:
     return stages, transitions
 
 
+def _binomial(taps: list[float], x: torch.Tensor) -> torch.Tensor:
+    """A separable, normalised binomial kernel ``outer(taps, taps) / sum^2`` as a depthwise filter bank."""
+    t = torch.tensor(taps, dtype=x.dtype, device=x.device)
+    k = torch.outer(t, t) / t.sum() ** 2
+    return k.expand(x.shape[1], 1, *k.shape)
+
+
+def lowpass(x: torch.Tensor) -> torch.Tensor:
+    """The [1, 2, 1] x [1, 2, 1] / 16 blur at the current resolution (R3GAN2's in-place resampling filter)."""
+    return F.conv2d(x, _binomial([1, 2, 1], x), padding=1, groups=x.shape[1])
+
+
 def upsample_free(x: torch.Tensor, cout: int) -> torch.Tensor:
     """Twice the resolution and ``cout`` channels without parameters (``free_transitions``, in G).
 
-    Equal widths: bilinear upsampling. Otherwise every channel is repeated ``4 cout / cin`` times and
-    the copies are laid out as the 2x2 sub-pixels (pixel shuffle): values are copied, so the
-    magnitude is kept exactly.
+    Equal widths: interpolation with the [1, 3, 3, 1] binomial filter (bilinear). Otherwise every channel is
+    repeated ``4 cout / cin`` times, the copies are laid out as the 2x2 sub-pixels (pixel shuffle) and
+    low-passed with [1, 2, 1] so that the copies do not leave a 2x2 block pattern.
     """
     cin = x.shape[1]
     if cin == cout:
-        return F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False)
-    return F.pixel_shuffle(x.repeat_interleave(4 * cout // cin, dim=1), 2)
+        return F.conv_transpose2d(x, 4 * _binomial([1, 3, 3, 1], x), stride=2, padding=1, groups=cin)
+    return lowpass(F.pixel_shuffle(x.repeat_interleave(4 * cout // cin, dim=1), 2))
 
 
 def downsample_free(x: torch.Tensor, cout: int) -> torch.Tensor:
     """Half the resolution and ``cout`` channels without parameters (``free_transitions``, in D).
 
-    Equal widths: 2x2 average pooling. Otherwise the 2x2 sub-pixels become channels (pixel unshuffle)
-    and consecutive groups of ``4 cin / cout`` of them are averaged.
+    Equal widths: the [1, 3, 3, 1] binomial filter at stride 2. Otherwise a [1, 2, 1] low-pass, the 2x2
+    sub-pixels become channels (pixel unshuffle), and consecutive groups of ``4 cin / cout`` of them are
+    averaged.
     """
     n, cin, h, w = x.shape
     if cin == cout:
-        return F.avg_pool2d(x, 2)
-    x = F.pixel_unshuffle(x, 2)
+        return F.conv2d(x, _binomial([1, 3, 3, 1], x), stride=2, padding=1, groups=cin)
+    x = F.pixel_unshuffle(lowpass(x), 2)
     return x.view(n, cout, 4 * cin // cout, h // 2, w // 2).mean(2)
 
 
