@@ -49,8 +49,10 @@ def main():
     def seeds(prefix):
         return [f"{prefix}-s{i}" for i in range(10) if (RESULTS / f"{prefix}-s{i}.json").is_file()]
 
+    if seeds("mpf"):
+        print(row("MP-GAN, R3GAN2 transitions, extraction and class embeddings (the default)", seeds("mpf")))
     if seeds("mp2"):
-        print(row("MP-GAN, R3GAN2 transitions, extraction and class embeddings (the default)", seeds("mp2")))
+        print(row("the same, transitions without the low-pass filter", seeds("mp2")))
     if seeds("mpg"):
         print(row("MP-GAN (lr 3e-3), learned transitions", seeds("mpg")))
     print(row("MP-GAN (lr 3e-3), G output gain from 0", seeds("mp3")))
@@ -59,7 +61,8 @@ def main():
         print(row("R3GAN baseline (lr 6e-4)", seeds("r3gan6")))
     print("\n## Ablation (seed 0)\n")
     print(head + "\n" + sep)
-    for label, name in [("MP-GAN, R3GAN2 form (all changes, lr 3e-3)", "mp2-s0"),
+    for label, name in [("MP-GAN, R3GAN2 form (all changes, lr 3e-3)", "mpf-s0"),
+                        ("R3GAN2 form, transitions without the low-pass filter", "mp2-s0"),
                         ("MP-GAN, learned transitions (lr 3e-3)", "mpg-s0"),
                         ("MP-GAN, G output gain from 0 (EDM2)", "mp3-s0"), ("- MP residuals", "mp3-no-mp_residual"),
                         ("- weight normalisation and centering", "mp3-no-weight_norm"),
@@ -95,8 +98,7 @@ def plot():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    variants = [("MP-GAN, R3GAN2 form", ["mp2-s0", "mp2-s1"]), ("MP-GAN, learned transitions", ["mpg-s0", "mpg-s1"]),
-                ("MP-GAN, G output gain from 0", ["mp3-s0", "mp3-s1"]),
+    variants = [("MP-GAN, R3GAN2 form", ["mpf-s0", "mpf-s1"]), ("MP-GAN, learned transitions", ["mpg-s0", "mpg-s1"]),
                 ("R3GAN baseline", ["r3gan-s0", "r3gan-s1"]), ("MP-GAN without MP residuals", ["mp3-no-mp_residual"])]
     variants = [(t, [n for n in names if (RESULTS / f"{n}.json").is_file()]) for t, names in variants]
     variants = [(t, names) for t, names in variants if names]
