@@ -46,6 +46,11 @@ LRELU_GAIN_MP = 1 / math.sqrt(((1 + SLOPE**2) - (1 - SLOPE) ** 2 / math.pi) / 2)
 WN_EPS = 1e-4
 
 
+# The MP switches of GANConfig, in order: all True is the MP-GAN, all False the R3GAN baseline.
+MP_SWITCHES = ("weight_norm", "centering", "mp_lrelu", "mp_residual", "ff_heads", "free_transitions",
+               "linear_extraction", "shared_class_init")
+
+
 @dataclasses.dataclass
 class GANConfig:
     """Sizes and the MP switches (all True = MP-GAN, all False = R3GAN baseline)."""
@@ -89,8 +94,7 @@ class GANConfig:
 
     @classmethod
     def baseline(cls, **kw) -> GANConfig:
-        return cls(weight_norm=False, centering=False, mp_lrelu=False, mp_residual=False, ff_heads=False,
-                   free_transitions=False, linear_extraction=False, shared_class_init=False, **kw)
+        return cls(**dict.fromkeys(MP_SWITCHES, False), **kw)
 
 
 # ---------------------------------------------------------------------------- layers

@@ -25,14 +25,12 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from ..models.mpgan import Discriminator, GANConfig, Generator, renormalize_
+from ..models.mpgan import MP_SWITCHES, Discriminator, GANConfig, Generator, renormalize_
 from .common import Progress, TimeBox, load_checkpoint
 from .configs import GANTrainConfig
 from .gan_loss import discriminator_loss, generator_loss
 from .phema import PowerEMA
 
-MP_SWITCHES = ("weight_norm", "centering", "mp_lrelu", "mp_residual", "ff_heads", "free_transitions",
-               "linear_extraction", "shared_class_init")
 # MP: 3e-3 at our batch of 32 (EDM2's and R3GAN2's 1e-2 is for batches of 512-4096; at batch 32 it
 # reached FD 125 against 96 for 3e-3 in benchmarks/gan.md). R3GAN: its paper's 2e-4.
 DEFAULT_LR = {"mp": 3e-3, "r3gan": 2e-4}
