@@ -51,6 +51,9 @@ def main():
 
     if seeds("mpf"):
         print(row("MP-GAN, R3GAN2 transitions, extraction and class embeddings (the default)", seeds("mpf")))
+    for prefix, lr in (("mpf2", "2e-3"), ("mpf6", "6e-3")):
+        if seeds(prefix):
+            print(row(f"the same at lr {lr}", seeds(prefix)))
     if seeds("mp2"):
         print(row("the same, transitions without the low-pass filter", seeds("mp2")))
     if seeds("mpg"):

@@ -49,4 +49,8 @@ run mpg-s0 --seed 0 "${MPG[@]}"
 # (un)shuffle (commit d4f4285); the filtered version (runs mpf-*) is the default.
 MP2=(--steps 1000 --lr 0.003)
 run mpf-s0 --seed 0 "${MP2[@]}" & run mpf-s1 --seed 1 "${MP2[@]}" & wait
+# 2026-11-30 (late): the R3GAN2 form at other learning rates, two seeds each (6e-3: about the relative step
+# per weight of the baseline at 6e-4; 2e-3 below the default).
+run mpf6-s0 --seed 0 --steps 1000 --lr 0.006 & run mpf6-s1 --seed 1 --steps 1000 --lr 0.006 & wait
+run mpf2-s0 --seed 0 --steps 1000 --lr 0.002 & run mpf2-s1 --seed 1 --steps 1000 --lr 0.002 & wait
 echo done
