@@ -94,5 +94,6 @@ def main():
                 mean[m] = sum(errs) / len(errs)
             print(f"| {d} | {source} | {mean['hva']:.3f} | {mean['kmeans']:.3f} | {mean['hva'] / mean['kmeans']:.2f} |")
 
+
 if __name__ == "__main__":
     main()
