@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kinegen.adherence import ATTRIBUTES, classify, load_classifier
 from kinegen.data.shapes import SHAPES, render_clip, sample_clip
+from kinegen.evaluation.adherence import ATTRIBUTES, classify, load_classifier
 from kinegen.loading import resolve_model
 from kinegen.profiling.metrics import psnr, ssim
 from kinegen.training.vae import to_tensor

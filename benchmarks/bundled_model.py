@@ -33,7 +33,7 @@ def main() -> None:
     from PIL import Image
 
     import kinegen
-    from kinegen.adherence import classify, load_classifier
+    from kinegen.evaluation.adherence import classify, load_classifier
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--large-frames", type=int, default=57)

@@ -347,7 +347,7 @@ def diagnose(label, hva, q, k, v, grid):
 def wan_model(args, device, dtype, size="480p"):
     from diffusers import WanTransformer3DModel
 
-    from kinegen.accelerate import RunInfo
+    from kinegen.accelerators.base import RunInfo
     from kinegen.sparse_attn.apply import apply_hva, apply_kmeans_sparse
     from kinegen.sparse_attn.hva import HVAConfig, KMeansSparseConfig
 

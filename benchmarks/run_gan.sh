@@ -26,7 +26,7 @@ run() {  # name, train flags...
 A=free_transitions,linear_extraction,shared_class_init
 LEARNED=(--widths 128,128,96,64)
 MP=(--steps 1000 --lr 0.003 --out-gain-init 0 "${LEARNED[@]}" --ablate $A)   # the first rows: G output gain from 0 (EDM2)
-R3=(--variant r3gan --widths 192,176,144,96 --steps 625)   # 1,676,515 parameters; the MP default has 1,676,164
+R3=(--variant r3gan --widths 192,176,144,96 --steps 625)   # 1,676,515 parameters; the MP form with learned transitions has 1,676,164
 lane_a() { run mp3-s0 --seed 0 "${MP[@]}"; run r3gan-s1 --seed 1 "${R3[@]}"; run mp3-no-weight_norm --seed 0 "${MP[@]}" --ablate $A,weight_norm,centering; }
 lane_b() { run r3gan-s0 --seed 0 "${R3[@]}"; run mp3-s1 --seed 1 "${MP[@]}"; run mp3-no-mp_residual --seed 0 "${MP[@]}" --ablate $A,mp_residual; }
 lane_a & lane_b & wait

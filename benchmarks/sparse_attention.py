@@ -86,7 +86,7 @@ def main():
     ap.add_argument("--capture-file", default="", help="load captured q/k/v from here, or save them here")
     ap.add_argument("--hva", default="", help="HVAConfig overrides, e.g. k_window=1-4-8,iters=4")
     args = ap.parse_args()
-    from kinegen.accelerate import parse_spec
+    from kinegen.accelerators.catalog import parse_spec
 
     overrides = {f: getattr(parse_spec("hva:" + args.hva)[1], f) for f in
                  (item.split("=")[0].strip().replace("-", "_") for item in args.hva.split(",") if item.strip())}

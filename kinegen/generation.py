@@ -21,9 +21,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from .accelerate import RunInfo, accelerate
+from .accelerators.base import RunInfo
+from .accelerators.catalog import accelerate
+from .adapters import ModelAdapter
 from .errors import InvalidRequestError
-from .registry import Family, ModelSpec, family_for_pipeline
+from .registry import ModelSpec
 
 MAX_PROMPT_CHARS = 2000
 MAX_STEPS = 1000
@@ -33,7 +35,12 @@ MAX_FRAMES = 1025
 
 @dataclasses.dataclass
 class GenerationRequest:
-    """Everything that decides one output. ``None`` fields take the model's defaults."""
+    """Everything that decides one output. ``None`` fields take the model's defaults.
+
+    The checks that need no model (prompt, ranges of steps, frames, sizes, guidance, seed) run when the
+    request is built, so a bad request fails before any model loads; :func:`prepare` checks the rest
+    against the loaded pipeline.
+    """
 
     prompt: str
     negative_prompt: str | None = None
@@ -45,6 +52,9 @@ class GenerationRequest:
     seed: int = 0
     true_cfg_scale: float | None = None
     image: Any = None  # input image for editing models (PIL.Image or a path)
+
+    def __post_init__(self):
+        _check_model_free(self)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -71,24 +81,14 @@ class GenerationResult:
         return write_output(path, self.frames, self.kind, fps=self.fps)
 
 
-def _nearest_multiples(value: int, multiple: int) -> str:
-    lo = max(multiple, value // multiple * multiple)
-    hi = lo + multiple
-    return f"{lo} or {hi}" if lo != value else str(lo)
+# ---------------------------------------------------------------------------- checks
 
 
-def _spec_of(pipe) -> ModelSpec:
-    spec = getattr(pipe, "kinegen_spec", None)
-    if spec is None:
-        raise InvalidRequestError("This pipeline was not loaded with kinegen.load_pipeline(); pass it through "
-                                  "load_pipeline or set `pipe.kinegen_spec` to a ModelSpec for its defaults.")
-    return spec
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
-def check_request_basics(request: GenerationRequest) -> None:
-    """The checks that need no loaded model (prompt, steps, guidance, seed, frame range); cheap, so the
-    CLI runs them before loading weights."""
-    r = request
+def _check_model_free(r: GenerationRequest) -> None:
     if not isinstance(r.prompt, str) or not r.prompt.strip():
         raise InvalidRequestError("The prompt is empty; describe what to generate, e.g. \"a red circle moving right\".")
     if len(r.prompt) > MAX_PROMPT_CHARS:
@@ -111,53 +111,19 @@ def check_request_basics(request: GenerationRequest) -> None:
         raise InvalidRequestError(f"seed must be an integer between 0 and 2**63 - 1; got {r.seed!r}.")
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+def _nearest_multiples(value: int, multiple: int) -> str:
+    lo = max(multiple, value // multiple * multiple)
+    hi = lo + multiple
+    return f"{lo} or {hi}" if lo != value else str(lo)
 
 
-def resolve_request(pipe, request: GenerationRequest) -> GenerationRequest:
-    """Fill defaults from the model spec and validate every field; raises InvalidRequestError."""
-    spec = _spec_of(pipe)
-    family = family_for_pipeline(pipe)
-    if family.conditioning == "class":
-        raise InvalidRequestError(f"{spec.name} is a class-conditional GAN: it takes class names, not prompts. "
-                                  "Use kinegen.generate_class_images(pipe, class_labels=[...]) or "
-                                  "`kinegen generate --model ... --class NAME`.")
-    check_request_basics(request)
-    r = dataclasses.replace(request)
-    r.height = spec.height if r.height is None else r.height
-    r.width = spec.width if r.width is None else r.width
-    r.steps = spec.steps if r.steps is None else r.steps
-    r.guidance = spec.guidance if r.guidance is None else r.guidance
-    m = family.spatial_multiple(pipe)
-    for name in ("height", "width"):
-        v = getattr(r, name)
-        if v < m:
-            raise InvalidRequestError(f"{name} must be at least {m} for {spec.name}; got {v}.")
-        if v % m:
-            raise InvalidRequestError(
-                f"{name} {v} is not a multiple of {m} (the VAE's downsampling times the transformer's patch size "
-                f"for {spec.name}); try {_nearest_multiples(v, m)}.")
-    if family.kind == "video":
-        r.frames = spec.frames if r.frames is None else r.frames
-        t = family.temporal_factor(pipe)
-        if (r.frames - 1) % t:
-            lo = (r.frames - 1) // t * t + 1
-            raise InvalidRequestError(
-                f"{spec.name} takes frame counts of the form {t}k + 1 (set by how its VAE compresses time); "
-                f"{r.frames} is not one. Try {lo} or {lo + t}.")
-    elif r.frames not in (None, 1):
-        raise InvalidRequestError(f"{spec.name} generates images; drop --frames (got {r.frames}).")
-    else:
-        r.frames = 1
-    if r.true_cfg_scale is not None and family.cfg_mode != "distilled":
-        raise InvalidRequestError(f"true_cfg_scale applies to guidance-distilled models (FLUX, HunyuanVideo); "
-                                  f"for {spec.name} use --guidance.")
-    if r.image is not None:
-        if not family.takes_image:
-            raise InvalidRequestError(f"{spec.name} does not take an input image; drop --image.")
-        r.image = _load_image(r.image)
-    return r
+def spec_of(pipe) -> ModelSpec:
+    """The model spec :func:`kinegen.load_pipeline` attached to ``pipe``."""
+    spec = getattr(pipe, "kinegen_spec", None)
+    if spec is None:
+        raise InvalidRequestError("This pipeline was not loaded with kinegen.load_pipeline(); pass it through "
+                                  "load_pipeline or set `pipe.kinegen_spec` to a ModelSpec for its defaults.")
+    return spec
 
 
 def _load_image(image):
@@ -177,17 +143,99 @@ def _load_image(image):
         raise InvalidRequestError(f"{path} is not an image file Pillow can read.") from None
 
 
-def pipeline_kwargs(pipe, request: GenerationRequest) -> dict[str, Any]:
-    """Keyword arguments for ``pipe(...)`` from a resolved request (a fresh seeded generator included)."""
-    spec = _spec_of(pipe)
-    family: Family = family_for_pipeline(pipe)
-    kw = dict(spec.call_defaults)
-    kw.update(family.call_kwargs(request))
-    kw["generator"] = torch.Generator(device="cpu").manual_seed(int(request.seed))
-    return kw
+def _fill_and_check(spec: ModelSpec, adapter: ModelAdapter, pipe, request: GenerationRequest) -> GenerationRequest:
+    """The spec's defaults filled in and every field checked against the loaded pipeline."""
+    r = dataclasses.replace(request)
+    r.height = spec.height if r.height is None else r.height
+    r.width = spec.width if r.width is None else r.width
+    r.steps = spec.steps if r.steps is None else r.steps
+    r.guidance = spec.guidance if r.guidance is None else r.guidance
+    m = adapter.spatial_multiple(pipe)
+    for name in ("height", "width"):
+        v = getattr(r, name)
+        if v < m:
+            raise InvalidRequestError(f"{name} must be at least {m} for {spec.name}; got {v}.")
+        if v % m:
+            raise InvalidRequestError(
+                f"{name} {v} is not a multiple of {m} (the VAE's downsampling times the transformer's patch size "
+                f"for {spec.name}); try {_nearest_multiples(v, m)}.")
+    if adapter.kind == "video":
+        r.frames = spec.frames if r.frames is None else r.frames
+        t = adapter.temporal_factor(pipe)
+        if (r.frames - 1) % t:
+            lo = (r.frames - 1) // t * t + 1
+            raise InvalidRequestError(
+                f"{spec.name} takes frame counts of the form {t}k + 1 (set by how its VAE compresses time); "
+                f"{r.frames} is not one. Try {lo} or {lo + t}.")
+    elif r.frames not in (None, 1):
+        raise InvalidRequestError(f"{spec.name} generates images; drop --frames (got {r.frames}).")
+    else:
+        r.frames = 1
+    if r.true_cfg_scale is not None and adapter.cfg_mode != "distilled":
+        raise InvalidRequestError(f"true_cfg_scale applies to guidance-distilled models (FLUX, HunyuanVideo); "
+                                  f"for {spec.name} use --guidance.")
+    if r.image is not None:
+        if not adapter.takes_image:
+            raise InvalidRequestError(f"{spec.name} does not take an input image; drop --image.")
+        r.image = _load_image(r.image)
+    return r
 
 
-def run_pipeline(pipe, kwargs: dict[str, Any]) -> np.ndarray:
+# ---------------------------------------------------------------------------- one resolved generation
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerationJob:
+    """One generation, resolved once: the pipeline, its model spec and family adapter, and the validated
+    request with the model's defaults filled in. Accelerators, timing and saving all read from it."""
+
+    pipe: Any
+    spec: ModelSpec
+    adapter: ModelAdapter
+    request: GenerationRequest
+
+    @property
+    def kind(self) -> str:
+        return self.adapter.kind
+
+    @property
+    def fps(self) -> int:
+        return self.spec.fps
+
+    def pipeline_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``pipe(...)`` (with a fresh generator seeded by the request)."""
+        kw = dict(self.spec.call_defaults)
+        kw.update(self.adapter.call_kwargs(self.request))
+        kw["generator"] = torch.Generator(device="cpu").manual_seed(int(self.request.seed))
+        return kw
+
+    def run_dense(self) -> np.ndarray:
+        """Run the request once without accelerators; frames ``[F, H, W, 3]`` float32."""
+        return _run_pipeline(self.pipe, self.pipeline_kwargs())
+
+    def run_info(self) -> RunInfo:
+        """What accelerators learn about this generation (the only place they read the step count from)."""
+        r = self.request
+        return RunInfo(num_inference_steps=r.steps, guidance_calls=self.adapter.guidance_calls(r),
+                       guidance_scale=r.guidance, shape_key=(r.frames, r.height, r.width), dense_call=self.run_dense,
+                       model_key=self.spec.name, adapter=self.adapter)
+
+
+def prepare(pipe, prompt: str | GenerationRequest, **fields) -> GenerationJob:
+    """Resolve a request against a loaded pipeline: the model's defaults filled in, every field checked
+    (sizes against the VAE and patch factors, frame counts of the form k * factor + 1, ...). Raises
+    :class:`~kinegen.errors.InvalidRequestError` naming the nearest valid values."""
+    spec = spec_of(pipe)
+    adapter = spec.adapter
+    if adapter.conditioning == "class":
+        raise InvalidRequestError(f"{spec.name} is a class-conditional GAN: it takes class names, not prompts. "
+                                  "Use kinegen.generate_class_images(pipe, class_labels=[...]) or "
+                                  "`kinegen generate --model ... --class NAME`.")
+    request = prompt if isinstance(prompt, GenerationRequest) else GenerationRequest(prompt=prompt, **fields)
+    return GenerationJob(pipe, spec, adapter, _fill_and_check(spec, adapter, pipe, request))
+
+
+def _run_pipeline(pipe, kwargs: dict[str, Any]) -> np.ndarray:
     """Call the pipeline and return frames ``[F, H, W, 3]`` float32 (the first output of the batch)."""
     out = pipe(**kwargs)
     frames = out.frames if hasattr(out, "frames") else out.images
@@ -195,12 +243,29 @@ def run_pipeline(pipe, kwargs: dict[str, Any]) -> np.ndarray:
     return frames[None] if frames.ndim == 3 else frames
 
 
-def run_info(pipe, request: GenerationRequest) -> RunInfo:
-    """What accelerators learn about a resolved request, with a ``dense_call`` that runs it unaccelerated."""
-    return RunInfo(num_inference_steps=request.steps, model_key=_spec_of(pipe).name,
-                   guidance_calls=family_for_pipeline(pipe).guidance_calls(request),
-                   guidance_scale=request.guidance, shape_key=(request.frames, request.height, request.width),
-                   dense_call=lambda: run_pipeline(pipe, pipeline_kwargs(pipe, request)))
+def run_job(job: GenerationJob, accelerators=(), step_callback=None) -> GenerationResult:
+    """Run a prepared job with accelerators applied for this call only (removed afterwards, even on error)."""
+    from .timing import StageTimer
+
+    kwargs = job.pipeline_kwargs()
+    if step_callback is not None:
+        steps = job.request.steps
+
+        def on_step_end(_pipe, i, _t, tensors):
+            step_callback(i, steps, tensors.get("latents"))
+            return {}
+
+        kwargs["callback_on_step_end"] = on_step_end
+    handles = accelerate(job.pipe, *accelerators, run=job.run_info())
+    try:
+        with StageTimer(job.pipe) as timer:
+            frames = _run_pipeline(job.pipe, kwargs)
+        stats = [h.stats() for h in handles]
+    finally:
+        for h in reversed(handles):
+            h.remove()
+    return GenerationResult(frames=frames, kind=job.kind, fps=job.fps, request=job.request,
+                            timings=timer.summary(), accelerators=stats)
 
 
 def generate(pipe, prompt: str | GenerationRequest, *, accelerators=(), step_callback=None,
@@ -210,33 +275,12 @@ def generate(pipe, prompt: str | GenerationRequest, *, accelerators=(), step_cal
     Args:
         pipe: a pipeline from :func:`kinegen.load_pipeline`.
         prompt: the prompt, or a full :class:`GenerationRequest`.
-        accelerators: specs (``"first-block:threshold=0.08"``) or config objects; applied for this
-            call only and removed afterwards.
+        accelerators: specs (``"first-block:threshold=0.08"``), config objects or parsed
+            ``(accelerator, config)`` pairs; applied for this call only and removed afterwards.
         step_callback: ``fn(step_index, num_steps, latents)`` after each denoising step.
         **fields: any :class:`GenerationRequest` field (height, width, frames, steps, guidance, seed, ...).
     """
-    from .profiling.timing import StageTimer
-
-    request = prompt if isinstance(prompt, GenerationRequest) else GenerationRequest(prompt=prompt, **fields)
-    request = resolve_request(pipe, request)
-    kwargs = pipeline_kwargs(pipe, request)
-    if step_callback is not None:
-        def on_step_end(_pipe, i, _t, tensors):
-            step_callback(i, request.steps, tensors.get("latents"))
-            return {}
-
-        kwargs["callback_on_step_end"] = on_step_end
-    handles = accelerate(pipe, *accelerators, run=run_info(pipe, request))
-    try:
-        with StageTimer(pipe) as timer:
-            frames = run_pipeline(pipe, kwargs)
-        stats = [h.stats() for h in handles]
-    finally:
-        for h in reversed(handles):
-            h.remove()
-    spec = _spec_of(pipe)
-    return GenerationResult(frames=frames, kind=family_for_pipeline(pipe).kind, fps=spec.fps, request=request,
-                            timings=timer.summary(), accelerators=stats)
+    return run_job(prepare(pipe, prompt, **fields), accelerators, step_callback)
 
 
 # ---------------------------------------------------------------------------- class-conditional GANs
@@ -280,8 +324,8 @@ def generate_class_images(pipe, class_labels=None, *, num_images: int = 16, seed
     """
     import time
 
-    spec = _spec_of(pipe)
-    if family_for_pipeline(pipe).conditioning != "class":
+    spec = spec_of(pipe)
+    if spec.adapter.conditioning != "class":
         raise InvalidRequestError(f"{spec.name} generates from prompts; use kinegen.generate(pipe, prompt).")
     if not _is_int(num_images) or not 1 <= num_images <= MAX_CLASS_IMAGES:
         raise InvalidRequestError(f"num_images must be an integer between 1 and {MAX_CLASS_IMAGES}; "

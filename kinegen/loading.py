@@ -17,8 +17,10 @@ from typing import Any
 
 import torch
 
-from .errors import ConfigError, IncompleteModelFolderError, KinegenError, ModelNotFoundError
-from .registry import FAMILIES, MODELS, PIPELINE_CLASS_TO_FAMILY, ModelSpec, get_model_spec
+from .adapters import ModelAdapter, adapter_for_pipeline_class
+from .errors import ConfigError, IncompleteModelFolderError, KinegenError, ModelNotFoundError, UnsupportedModelError
+from .registry import MODELS, ModelSpec, get_model_spec
+from .text import env_flag
 
 ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
 MODELS_DIR_ENV = "KINEGEN_MODELS_DIR"
@@ -120,10 +122,6 @@ def check_model_folder(folder: str | os.PathLike) -> list[str]:
     return missing
 
 
-def read_pipeline_class(folder: str | os.PathLike) -> str:
-    return json.loads((Path(folder) / "model_index.json").read_text()).get("_class_name", "?")
-
-
 # ---------------------------------------------------------------------------- resolution
 
 
@@ -146,14 +144,19 @@ def _download_hint(repo_id: str, name: str | None = None) -> str:
     )
 
 
+def _family_of_folder(folder: Path) -> tuple[str, ModelAdapter]:
+    """(pipeline class name, family adapter) of a diffusers folder; a clear error for classes nobody drives."""
+    cls = json.loads((Path(folder) / "model_index.json").read_text()).get("_class_name", "?")
+    try:
+        return cls, adapter_for_pipeline_class(cls)
+    except UnsupportedModelError as e:
+        raise ModelNotFoundError(f"{folder} holds a {cls}, which Kinegen does not drive. "
+                                 f"{str(e).split('. ', 1)[1]}") from None
+
+
 def _spec_for_folder(folder: Path, name: str) -> ModelSpec:
-    cls = read_pipeline_class(folder)
-    family = PIPELINE_CLASS_TO_FAMILY.get(cls)
-    if family is None:
-        supported = ", ".join(sorted(PIPELINE_CLASS_TO_FAMILY))
-        raise ModelNotFoundError(
-            f"{folder} holds a {cls}, which Kinegen does not drive. Supported pipelines: {supported}."
-        )
+    cls, adapter = _family_of_folder(folder)
+    family = adapter.name
     # Defaults from the folder's kinegen_defaults.json if it has one (the bundled models and what
     # `kinegen train` exports do), else from the first registered hub model of the same family.
     base = next((s for s in MODELS.values() if s.family == family and s.repo_id), None)
@@ -263,16 +266,13 @@ def resolve_model(model: str | os.PathLike | None) -> ResolvedModel:
     )
 
 
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
-
-
 def fetch_from_hub(repo_id: str, name: str | None = None) -> Path:
     """Download (or find in the hub cache) a pipeline repository; one clear error on any failure."""
     try:
         from diffusers import DiffusionPipeline
 
-        folder = Path(DiffusionPipeline.download(repo_id, local_files_only=_offline(), use_safetensors=True))
+        offline = env_flag("HF_HUB_OFFLINE")
+        folder = Path(DiffusionPipeline.download(repo_id, local_files_only=offline, use_safetensors=True))
     except Exception as e:  # network, auth, gating, missing repo: all become one actionable message
         kind = type(e).__name__
         why = "the hub is unreachable or offline mode is on (HF_HUB_OFFLINE=1)"
@@ -295,13 +295,8 @@ def fetch_from_hub(repo_id: str, name: str | None = None) -> Path:
 _PIPELINE_CACHE: dict[tuple, Any] = {}
 
 
-def clear_pipeline_cache() -> None:
-    """Forget pipelines kept by ``load_pipeline(..., cache=True)``."""
-    _PIPELINE_CACHE.clear()
-
-
 def load_pipeline(
-    model: str | os.PathLike | None = None,
+    model: str | os.PathLike | ResolvedModel | None = None,
     *,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
@@ -313,7 +308,8 @@ def load_pipeline(
 
     Args:
         model: a name from ``kinegen models`` (default: the bundled/tiny default model), a local
-            diffusers folder (checked for every component first), or a hub id ``owner/name``.
+            diffusers folder (checked for every component first), a hub id ``owner/name``, or what
+            :func:`resolve_model` returned for one of these (so that it is resolved once).
         device: ``"cuda"``, ``"cpu"``, ``"mps"``... (default: the best available).
         dtype: ``"bf16"``, ``"fp16"``, ``"fp32"`` or a ``torch.dtype`` (default: bf16 on CUDA, fp32 on CPU).
         cpu_offload: ``"model"`` (or True) moves whole components to the GPU only while they run;
@@ -324,7 +320,7 @@ def load_pipeline(
     The returned pipeline carries ``pipe.kinegen_spec`` (a :class:`~kinegen.registry.ModelSpec`
     with the model's default size, frames, steps and guidance).
     """
-    resolved = resolve_model(model)
+    resolved = model if isinstance(model, ResolvedModel) else resolve_model(model)
     dev = pick_device(device)
     dt = pick_dtype(dev, dtype)
     offload = {True: "model", False: None, "none": None}.get(cpu_offload, cpu_offload)
@@ -366,16 +362,11 @@ def load_pipeline(
 def _from_folder(folder: Path, dtype: torch.dtype):
     import diffusers
 
-    cls_name = read_pipeline_class(folder)
-    if cls_name == "MPGANPipeline":  # Kinegen's own pipeline, not in diffusers
-        from .pipelines import MPGANPipeline
-
-        cls = MPGANPipeline
-    else:
-        cls = getattr(diffusers, cls_name, None)
-    if cls is None or cls_name not in PIPELINE_CLASS_TO_FAMILY:
-        supported = ", ".join(sorted(PIPELINE_CLASS_TO_FAMILY))
-        raise ModelNotFoundError(f"{folder} holds a {cls_name}, which Kinegen does not drive. Supported: {supported}.")
+    cls_name, adapter = _family_of_folder(folder)
+    cls = adapter.pipeline_class(cls_name)
+    if cls is None:
+        raise ModelNotFoundError(f"{folder} holds a {cls_name}, which this diffusers {diffusers.__version__} "
+                                 "does not have; install the diffusers version Kinegen pins (pip install -e .).")
     try:
         return cls.from_pretrained(folder, dtype=dtype, use_safetensors=True, local_files_only=True)
     except Exception as e:  # corrupt or mismatched files: one line, not a traceback
@@ -395,7 +386,7 @@ def describe_models() -> list[dict[str, Any]]:
         else:
             local = _local_copy(spec)
             avail, where = local is not None and not check_model_folder(local), str(local or "not downloaded")
-        rows.append(dict(name=spec.name, family=spec.family, kind=FAMILIES[spec.family].kind,
+        rows.append(dict(name=spec.name, family=spec.family, kind=spec.kind,
                          description=spec.description, source=spec.source, available=avail, where=where,
                          size=spec.size_note))
     return rows

@@ -1,10 +1,9 @@
-"""The model registry: names users type, and what Kinegen knows about each model family.
+"""The model registry: the names users type, each with its family and its default generation settings.
 
-A *family* says how a diffusers pipeline of that kind is driven: its pipeline class,
-whether it makes video or images, which sizes and frame counts it accepts, and how a
-:class:`~kinegen.generation.GenerationRequest` becomes pipeline keyword arguments.
-A *model spec* is one named checkpoint (or a tiny model built in code) of a family,
-with its default generation settings.
+A *model spec* is one named checkpoint (or a tiny model built in code, or a model bundled in
+assets/models) of a family. What a family is (how its pipeline is driven, its size and frame
+rules, its blocks and token layout) lives in its adapter, :mod:`kinegen.adapters`; a spec names
+its family by the adapter's name.
 """
 
 from __future__ import annotations
@@ -13,119 +12,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from .adapters import ADAPTERS, adapter_for_family
 from .errors import ModelNotFoundError
-
-# ---------------------------------------------------------------------------- families
-
-
-@dataclasses.dataclass(frozen=True)
-class Family:
-    """How to drive one diffusers pipeline family.
-
-    Attributes:
-        name: short family name (``wan``, ``hunyuan_video``, ``cogvideox``, ``flux``, ``flux_kontext``).
-        pipeline_class: the diffusers pipeline class name.
-        kind: ``"video"`` (writes mp4) or ``"image"`` (writes png).
-        cfg_mode: ``"cfg"`` when ``guidance_scale`` is classifier-free guidance (negative prompt
-            used when it is above 1), ``"distilled"`` when it is an embedded guidance value
-            (classifier-free guidance then needs ``true_cfg_scale`` above 1 and a negative prompt).
-        takes_image: the pipeline edits an input image (FLUX Kontext).
-        conditioning: ``"text"`` (a prompt, many denoising steps) or ``"class"`` (a class label, one
-            generator forward: the MP-GAN; driven by :func:`kinegen.generation.generate_class_images`).
-    """
-
-    name: str
-    pipeline_class: str
-    kind: str
-    cfg_mode: str
-    takes_image: bool = False
-    conditioning: str = "text"
-
-    def spatial_multiple(self, pipe) -> int:
-        """Height and width must be multiples of this (VAE downsampling x transformer patch)."""
-        t = pipe.transformer
-        if self.name == "wan":
-            return int(pipe.vae_scale_factor_spatial) * int(t.config.patch_size[1])
-        if self.name in ("hunyuan_video", "cogvideox"):
-            return int(pipe.vae_scale_factor_spatial) * int(t.config.patch_size)
-        # FLUX packs 2x2 latent patches into one token.
-        return int(pipe.vae_scale_factor) * 2
-
-    def temporal_factor(self, pipe) -> int | None:
-        """Frame counts must be ``k * factor + 1``; ``None`` for image families.
-
-        The VAEs compress time 4x after the first frame. CogVideoX's VAE also decodes the latent
-        frames after the first in pairs, so an even latent count would decode to extra frames:
-        its frame counts are 8k + 1 (49 for CogVideoX-2b/5b, 81 for 1.5).
-        """
-        if self.kind != "video":
-            return None
-        factor = int(pipe.vae_scale_factor_temporal)
-        if self.name == "cogvideox":
-            factor *= int(getattr(pipe.vae, "num_latent_frames_batch_size", 1) or 1)
-        return factor
-
-    def guidance_calls(self, request) -> str:
-        """How this request's guidance runs: ``none``, ``batched`` or ``separate`` transformer calls."""
-        if self.cfg_mode == "cfg":
-            if request.guidance <= 1.0:
-                return "none"
-            return "batched" if self.name == "cogvideox" else "separate"
-        true_cfg = request.true_cfg_scale is not None and request.true_cfg_scale > 1.0
-        return "separate" if true_cfg and request.negative_prompt is not None else "none"
-
-    def call_kwargs(self, request) -> dict[str, Any]:
-        """Pipeline keyword arguments for a validated request (without ``generator``)."""
-        kw: dict[str, Any] = dict(
-            prompt=request.prompt,
-            height=request.height,
-            width=request.width,
-            num_inference_steps=request.steps,
-            guidance_scale=request.guidance,
-            output_type="np",
-        )
-        if self.kind == "video":
-            kw["num_frames"] = request.frames
-        if request.negative_prompt is not None:
-            kw["negative_prompt"] = request.negative_prompt
-        if self.cfg_mode == "distilled" and request.true_cfg_scale is not None:
-            kw["true_cfg_scale"] = request.true_cfg_scale
-        if self.takes_image:
-            # Kontext rescales its output to `max_area` (default 1024^2) at the requested aspect ratio;
-            # asking for the requested area keeps the requested size.
-            kw["max_area"] = request.height * request.width
-            if request.image is not None:
-                kw["image"] = request.image
-        return kw
-
-
-FAMILIES: dict[str, Family] = {
-    f.name: f
-    for f in [
-        Family("wan", "WanPipeline", "video", "cfg"),
-        Family("hunyuan_video", "HunyuanVideoPipeline", "video", "distilled"),
-        Family("cogvideox", "CogVideoXPipeline", "video", "cfg"),
-        Family("flux", "FluxPipeline", "image", "distilled"),
-        Family("flux_kontext", "FluxKontextPipeline", "image", "distilled", takes_image=True),
-        Family("mpgan", "MPGANPipeline", "image", "none", conditioning="class"),
-    ]
-}
-
-PIPELINE_CLASS_TO_FAMILY = {f.pipeline_class: f.name for f in FAMILIES.values()}
-# Variants that drive the same way as their base family.
-PIPELINE_CLASS_TO_FAMILY.update({"WanImageToVideoPipeline": "wan"})
-
-
-def family_for_pipeline(pipe) -> Family:
-    """The family of a loaded pipeline, from its class name."""
-    name = type(pipe).__name__
-    if name not in PIPELINE_CLASS_TO_FAMILY:
-        supported = ", ".join(sorted(PIPELINE_CLASS_TO_FAMILY))
-        raise ModelNotFoundError(
-            f"Kinegen does not know how to drive a {name}. Supported pipelines: {supported}."
-        )
-    return FAMILIES[PIPELINE_CLASS_TO_FAMILY[name]]
-
 
 # ---------------------------------------------------------------------------- models
 
@@ -154,8 +42,13 @@ class ModelSpec:
     call_defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
+    def adapter(self):
+        """The family's adapter (:class:`kinegen.adapters.ModelAdapter`)."""
+        return adapter_for_family(self.family)
+
+    @property
     def kind(self) -> str:
-        return FAMILIES[self.family].kind
+        return self.adapter.kind
 
     @property
     def source(self) -> str:
@@ -182,8 +75,8 @@ def register_model(spec: ModelSpec) -> ModelSpec:
     """Add a model to the registry (names are unique)."""
     if spec.name in MODELS:
         raise ValueError(f"model {spec.name!r} is already registered")
-    if spec.family not in FAMILIES:
-        raise ValueError(f"unknown family {spec.family!r}; known: {', '.join(FAMILIES)}")
+    if spec.family not in ADAPTERS:
+        raise ValueError(f"unknown family {spec.family!r}; known: {', '.join(ADAPTERS)}")
     MODELS[spec.name] = spec
     return spec
 

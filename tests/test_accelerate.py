@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import kinegen
-from kinegen.accelerate import RunInfo, accelerate, parse_spec
+from kinegen.accelerators.base import RunInfo
+from kinegen.accelerators.catalog import accelerate, parse_spec
 from kinegen.caching.diffusers_caches import FirstBlockCacheSpec, MagCacheSpec, TaylorSeerSpec
 from kinegen.errors import ConfigError
 
@@ -110,3 +111,44 @@ def test_dense_attention_backend_is_selectable_and_removable(wan):
     assert math.accelerators[0]["processors"] > 0
     with pytest.raises(_ConfigError, match="backend must be one of"):
         parse_spec("dense-attention:backend=magic")
+
+
+@pytest.mark.parametrize("spec, fragment", [
+    ("hva:backend=cuda", "backend must be one of auto, dense, flex, triton; got 'cuda'"),
+    ("kmeans-sparse:backend=flash", "backend must be one of auto, dense, flex, triton"),
+    ("hva:kernel=cuda", "kernel must be auto, torch or triton"),
+    ("dense-attention:backend=nosuch", "backend must be one of"),
+])
+def test_backends_that_do_not_exist_fail_when_the_config_is_built(spec, fragment):
+    """Not at the first sparse call after the dense warm-up: parsing the spec refuses them."""
+    with pytest.raises(ConfigError, match=fragment.replace("(", r"\(")):
+        parse_spec(spec)
+
+
+def test_step_count_reaches_accelerators_only_through_run_info(wan):
+    """One channel: an accelerator that needs the step count says so when applied without it."""
+    with pytest.raises(ConfigError, match="mag needs the number of denoising steps.*RunInfo"):
+        accelerate(wan, "mag:ratios=1/1/1/1", run=RunInfo())
+    with pytest.raises(ConfigError, match="HVAConfig needs the number of denoising steps"):
+        accelerate(wan, "hva", run=RunInfo())
+    handles = accelerate(wan, "hva:dense_warmup=0", run=RunInfo())  # no warm-up: no step count needed
+    for h in handles:
+        h.remove()
+
+
+def test_step_tracker_counts_each_guidance_branch():
+    from diffusers.hooks.hooks import CacheContext
+
+    from kinegen.accelerators.base import StepTracker
+
+    tracker = StepTracker(3)
+    seen = []
+    for _ in range(6):  # two runs of three steps, conditional and unconditional calls interleaved
+        for name in ("cond", "uncond"):
+            s = tracker.on_call(CacheContext(name=name))
+            seen.append((s.branch, s.index, s.new_run))
+    assert [x for x in seen if x[0] == "cond"] == [("cond", 0, True), ("cond", 1, False), ("cond", 2, False)] * 2
+    assert [x[1] for x in seen if x[0] == "uncond"] == [0, 1, 2, 0, 1, 2]
+    # The pipeline's own step index wins over counting (diffusers passes it in the cache context).
+    assert tracker.on_call(CacheContext(name="cond", step_index=2)).index == 2
+    assert tracker.on_call(None).branch == "inference"

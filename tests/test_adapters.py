@@ -22,9 +22,43 @@ CASES = {
 }
 
 
-def test_registry_covers_the_four_families():
-    assert set(ADAPTERS) == {"WanTransformer3DModel", "HunyuanVideoTransformer3DModel",
-                             "CogVideoXTransformer3DModel", "FluxTransformer2DModel"}
+def test_registry_covers_every_family():
+    assert set(ADAPTERS) == {"wan", "hunyuan_video", "cogvideox", "flux", "flux_kontext", "mpgan"}
+    assert {a.transformer_class for a in ADAPTERS.values()} == {
+        "WanTransformer3DModel", "HunyuanVideoTransformer3DModel", "CogVideoXTransformer3DModel",
+        "FluxTransformer2DModel", None}
+
+
+def test_unknown_pipeline_and_family_list_the_choices():
+    from kinegen.adapters import adapter_for_family
+
+    with pytest.raises(UnsupportedModelError, match="Supported pipelines: CogVideoXPipeline, FluxKontextPipeline"):
+        get_adapter(object())
+    with pytest.raises(UnsupportedModelError, match="known: wan, hunyuan_video"):
+        adapter_for_family("sora")
+
+
+@pytest.mark.parametrize("model, multiple, factor, calls", [
+    ("tiny-wan", 16, 4, "separate"),        # VAE 8 x patch 2; CFG as two calls
+    ("tiny-hunyuanvideo", 8, 4, "none"),    # the tiny HunyuanVideo uses patch size 1; guidance is distilled
+    ("tiny-cogvideox", 16, 8, "batched"),   # latent frames decoded in pairs: 8k + 1 frames; CFG in one batch
+    ("tiny-flux", 16, None, "none"),        # 2x2 packing; images
+])
+def test_family_rules_come_from_the_adapter(load_tiny, model, multiple, factor, calls):
+    pipe = load_tiny(model)
+    adapter = get_adapter(pipe)
+    assert adapter.spatial_multiple(pipe) == multiple
+    assert adapter.temporal_factor(pipe) == factor
+    job = kinegen.prepare(pipe, "a red circle", guidance=5.0)
+    assert job.run_info().guidance_calls == calls
+    assert job.run_info().num_inference_steps == job.request.steps == pipe.kinegen_spec.steps
+
+
+def test_accelerators_that_do_not_apply_fail_with_the_families_they_support(load_tiny):
+    from kinegen.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="hva does not apply to flux models.*families wan, hunyuan_video, cogvideox"):
+        kinegen.generate(load_tiny("tiny-flux"), "a red circle", steps=2, accelerators=["hva"])
 
 
 def test_unknown_model_lists_supported():

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import kinegen
-from kinegen.adherence import adherence_prompts, classify, evaluate_adherence, load_classifier
 from kinegen.data.shapes import is_held_out, render_clip, sample_clip
+from kinegen.evaluation.adherence import adherence_prompts, classify, evaluate_adherence, load_classifier
 
 
 @pytest.fixture(scope="module")

@@ -92,7 +92,7 @@ def running_app(tmp_path_factory):
 def test_app_generates_through_gradio_client_and_survives_bad_input(running_app):
     from gradio_client import Client
 
-    from kinegen.adherence import classify, load_classifier
+    from kinegen.evaluation.adherence import classify, load_classifier
     from kinegen.media import read_video
 
     app, url, config = running_app
@@ -141,7 +141,7 @@ def test_sparse_attention_stats_become_a_block_pattern_picture(tmp_path):
     """Any attention accelerator that reports ``density`` and ``block_pattern`` gets its picture in the page."""
     import dataclasses
 
-    from kinegen.accelerate import ACCELERATORS, AcceleratorHandle, register_accelerator
+    from kinegen.accelerators.base import ACCELERATORS, AcceleratorHandle, register_accelerator
 
     @dataclasses.dataclass
     class FakeSparse:

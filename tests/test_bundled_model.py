@@ -46,7 +46,7 @@ def test_it_is_the_default_model():
 
 
 def test_default_generation_follows_the_prompt():
-    from kinegen.adherence import classify, load_classifier
+    from kinegen.evaluation.adherence import classify, load_classifier
 
     pipe = kinegen.load_pipeline(NAME, device="cpu")
     pipe.set_progress_bar_config(disable=True)

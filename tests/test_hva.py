@@ -303,7 +303,7 @@ def test_hva_refuses_image_models(flux):
     import kinegen
     from kinegen.errors import KinegenError
 
-    with pytest.raises(KinegenError, match="video families"):
+    with pytest.raises(KinegenError, match="supports the families wan, hunyuan_video, cogvideox"):
         kinegen.generate(flux, "a red circle", seed=0, accelerators=["hva"])
 
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import kinegen
-from kinegen.accelerate import RunInfo, accelerate
+from kinegen.accelerators.base import RunInfo
+from kinegen.accelerators.catalog import accelerate
 from kinegen.caching import planner as P
 from kinegen.caching.map_guided import MapGuidedCacheConfig, apply_map_guided_cache
 from kinegen.caching.tvmap import TVMap, resample, spearman
@@ -340,18 +341,40 @@ def test_sensitivity_probes_follow_the_group_size(wan):
     assert len(out["profile"]) == 4 and np.isfinite(out["profile"]).all()
 
 
-def test_a_fixed_plan_of_the_wrong_shape_is_refused(wan):
-    from kinegen.adapters import transformers_of
-    from kinegen.caching.map_guided import MapGuidedCache
+def test_a_fixed_plan_is_executed_and_a_wrong_shape_is_refused(wan):
+    from kinegen.caching.map_guided import apply_fixed_plan
 
-    c = MapGuidedCache(transformers_of(wan)[0], MapGuidedCacheConfig(speedup=1.0), RunInfo(num_inference_steps=4))
-    c.source, c.source_note, c.plan_override = "fixed", "fixed", np.ones((4, 1), dtype=bool)  # tiny-wan has 2 groups
-    c.install()
-    try:
-        with pytest.raises(ConfigError, match=r"\[steps, groups\]"):
-            wan(prompt="a red circle", num_inference_steps=4, height=64, width=64, num_frames=9, output_type="np")
-    finally:
-        c.uninstall()
+    run = RunInfo(num_inference_steps=4)
+    with pytest.raises(ConfigError, match=r"\[steps, groups\] = \(4, 2\)"):  # tiny-wan has 2 groups
+        apply_fixed_plan(wan, np.ones((4, 1), dtype=bool), run)
+    assert getattr(wan.transformer, "_kinegen_mapguided", None) is None
+    plan = np.ones((4, 2), dtype=bool)
+    plan[2] = False
+    with apply_fixed_plan(wan, plan, run, note="probe") as handle:
+        wan(prompt="a red circle", num_inference_steps=4, guidance_scale=4.0, height=64, width=64, num_frames=9,
+            output_type="np")
+        st = handle.stats()
+    assert st["plan"] == plan.astype(int).tolist() and st["map_source"] == "probe"
+    assert st["block_evaluations_executed"] == 2 * int(plan.sum())  # cond and uncond branches
+    assert getattr(wan.transformer, "_kinegen_mapguided", None) is None
+
+
+def test_the_step_count_comes_from_the_run_only(wan):
+    with pytest.raises(ConfigError, match="mapguided needs the number of denoising steps"):
+        apply_map_guided_cache(wan, MapGuidedCacheConfig(map="recorded"), RunInfo(dense_call=lambda: None))
+    with pytest.raises(ConfigError, match="unknown key 'num_inference_steps'"):
+        accelerate(wan, "mapguided:num_inference_steps=8")
+
+
+def test_map_sources_are_a_registry_of_the_config_names():
+    from kinegen.caching.map_guided import MAP_SOURCES
+    from kinegen.caching.map_guided_sources import SOURCES, SourceContext, make_source
+
+    assert tuple(SOURCES) == MAP_SOURCES
+    bad = SourceContext(MapGuidedCacheConfig(), RunInfo(num_inference_steps=4), None, [])
+    bad.config.map = "magic"
+    with pytest.raises(ConfigError, match="valid: auto, predicted, average, recorded, oracle"):
+        make_source(bad)
 
 
 def test_predictor_from_other_weights_is_refused(wan, tiny_predictor):

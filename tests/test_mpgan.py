@@ -139,12 +139,12 @@ def test_post_hoc_ema_reconstructs_an_untracked_profile():
         tracked.update(module, step)
         direct.update(module, step)
         if step % 100 == 0:
-            for gamma, sd in zip(tracked.gammas, tracked.state_dicts(), strict=True):
-                snapshots.append((step, gamma, {k: v.clone() for k, v in sd.items()}))
+            for gamma, ema in zip(tracked.gammas, tracked.modules, strict=True):
+                snapshots.append((step, gamma, {k: v.clone() for k, v in ema.state_dict().items()}))
     got = reconstruct(snapshots, 0.07)["weight"].item()
-    want = direct.state_dicts()[0]["weight"].item()
+    want = direct.modules[0].weight.item()
     assert got == pytest.approx(want, rel=2e-3)
-    assert abs(got - tracked.state_dicts()[0]["weight"].item()) > 10 * abs(got - want)
+    assert abs(got - tracked.modules[0].weight.item()) > 10 * abs(got - want)
 
 
 def test_r1_r2_penalties_reach_the_discriminator_weights_through_the_double_backward():
@@ -258,7 +258,8 @@ def test_gan_metrics_tell_real_images_from_noise():
     import numpy as np
 
     from kinegen.data.shape_images import HELD_OUT_SEED, batch
-    from kinegen.gan_eval import FeatureClassifier, evaluate_images
+    from kinegen.evaluation.gan_metrics import evaluate_images
+    from kinegen.models.gan_classifier import FeatureClassifier
 
     torch.manual_seed(0)
     clf = FeatureClassifier(12)  # untrained: random features still separate these
@@ -277,8 +278,8 @@ def test_gan_metrics_tell_real_images_from_noise():
 def test_bundled_gan_evaluation_classifier_knows_the_classes():
     import numpy as np
 
-    from kinegen.data.shape_images import HELD_OUT_SEED, batch
-    from kinegen.gan_eval import REFERENCE_SEEDS, load_classifier
+    from kinegen.data.shape_images import HELD_OUT_SEED, REFERENCE_SEEDS, batch
+    from kinegen.evaluation.gan_metrics import load_classifier
 
     clf = load_classifier()
     labels = np.arange(96) % 12

@@ -9,6 +9,7 @@ import pytest
 
 import kinegen
 from kinegen.cli import main
+from kinegen.errors import ConfigError
 from kinegen.media import read_video
 from kinegen.profiling import metrics
 from kinegen.profiling.runner import parse_config
@@ -80,9 +81,13 @@ def test_cli_profile_image_model(tmp_path, capsys):
 
 
 def test_parse_config_combines_with_plus():
-    cfg = parse_config("first-block:threshold=0.1 + mag")
-    assert cfg.specs == ("first-block:threshold=0.1", "mag")
+    cfg = parse_config("first-block:threshold=0.1 + dense-attention")
+    assert cfg.specs == ("first-block:threshold=0.1", "dense-attention")
+    assert [acc.name for acc, _ in cfg.parsed] == ["first-block", "dense-attention"]
+    assert cfg.parsed[0][1].threshold == 0.1  # parsed once, when the configuration is built
     assert parse_config("dense").specs == ()
+    with pytest.raises(ConfigError, match="Only one cache accelerator at a time; got first-block, mag"):
+        parse_config("first-block + mag")  # refused before any model runs
 
 
 def test_metrics_on_known_values():

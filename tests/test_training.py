@@ -7,7 +7,12 @@ import json
 import pytest
 import torch
 
-from kinegen.models.shapes_t2v import build_text_encoder, build_tokenizer, build_transformer, encode_text
+from kinegen.models.shapes_t2v import (
+    MAX_SEQUENCE_LENGTH,
+    build_text_encoder,
+    build_tokenizer,
+    build_transformer,
+)
 from kinegen.training.common import load_checkpoint, save_checkpoint
 from kinegen.training.t2v import PaddedTextCrossAttention, encode_text_compact
 
@@ -22,6 +27,16 @@ def test_tokenizer_round_trips_through_autotokenizer(tmp_path):
     assert again(text).input_ids == tok(text).input_ids
     assert 2 not in tok(text).input_ids  # every word of a caption is in the vocabulary
     assert tok("a red zebra").input_ids.count(2) == 1  # unknown words map to <unk>
+
+
+def encode_text(tokenizer, text_encoder, prompts: list[str], max_length: int = MAX_SEQUENCE_LENGTH) -> torch.Tensor:
+    """Text embeddings exactly as WanPipeline makes them: the encoder's states for the real tokens,
+    zero-padded to ``max_length``."""
+    enc = tokenizer(prompts, padding="max_length", max_length=max_length, truncation=True, add_special_tokens=True,
+                    return_attention_mask=True, return_tensors="pt")
+    ids, mask = enc.input_ids.to(text_encoder.device), enc.attention_mask.to(text_encoder.device)
+    states = text_encoder(ids, mask).last_hidden_state
+    return states * mask[..., None].to(states.dtype)
 
 
 def test_compact_cross_attention_equals_512_token_padding():
@@ -155,8 +170,8 @@ def test_object_weighted_flow_loss():
 
 
 def test_train_export_replaces_the_folder_whole(tmp_path):
-    from kinegen.adherence import load_classifier
     from kinegen.cli import main
+    from kinegen.evaluation.adherence import load_classifier
 
     dest = tmp_path / "models" / "clf"
     for steps in (1, 2):

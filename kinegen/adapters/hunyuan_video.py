@@ -1,8 +1,9 @@
-"""HunyuanVideo (``HunyuanVideoTransformer3DModel``): joint attention, video tokens then text.
+"""HunyuanVideo (``HunyuanVideoPipeline``, ``HunyuanVideoTransformer3DModel``): joint attention, video then text.
 
 20 dual-stream blocks (``transformer_blocks``) then 40 single-stream blocks
 (``single_transformer_blocks``); every block attends over ``[video, text]``, with padded
-text positions masked. Patch size (1, 2, 2) on ``[B, C, F, H, W]`` latents.
+text positions masked. Patch size (1, 2, 2) on ``[B, C, F, H, W]`` latents. Guidance is
+distilled (an embedded value); true CFG needs ``true_cfg_scale`` and a negative prompt.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ class HunyuanVideoAdapter(ModelAdapter):
 
 
 HUNYUAN_VIDEO = HunyuanVideoAdapter(
-    name="hunyuan_video", transformer_class="HunyuanVideoTransformer3DModel",
+    name="hunyuan_video", pipeline_classes=("HunyuanVideoPipeline",), kind="video", cfg_mode="distilled",
+    transformer_class="HunyuanVideoTransformer3DModel",
     block_lists=("transformer_blocks", "single_transformer_blocks"),
     self_attention={"transformer_blocks": "attn", "single_transformer_blocks": "attn"}, cross_attention={},
-    text_mode="joint", text_position="last",
+    text_mode="joint", text_position="last", sparse_attention=True,
 )

@@ -1,7 +1,9 @@
-"""Wan 2.1 / 2.2 (``WanTransformer3DModel``): video-only self-attention, text via cross-attention.
+"""Wan 2.1 / 2.2 (``WanPipeline``, ``WanTransformer3DModel``): video-only self-attention, text via cross-attention.
 
 Latents ``[B, C, F, H, W]`` are patchified by a Conv3d with ``patch_size = (1, 2, 2)`` and
-flattened in raster order; the umT5 text tokens enter only through ``attn2``.
+flattened in raster order; the umT5 text tokens enter only through ``attn2``. Classifier-free
+guidance runs the conditional and unconditional passes as separate transformer calls. Wan's VAE
+is causal in time, so the first latent frame decodes on its own: a cheap preview.
 """
 
 from __future__ import annotations
@@ -22,9 +24,23 @@ class WanAdapter(ModelAdapter):
         pt, ph, pw = self.patch_size(transformer)
         return TokenLayout(grid=(f // pt, h // ph, w // pw))
 
+    def preview_frame(self, pipe, latents):
+        """Latent frame 0 of the first sample, un-normalised with the VAE's statistics and decoded alone."""
+        import numpy as np
+        import torch
+
+        vae = pipe.vae
+        z = latents[:1, :, :1].to(vae.dtype)
+        mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1).to(z)
+        std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1).to(z)
+        with torch.no_grad():
+            x = vae.decode(z * std + mean, return_dict=False)[0]
+        img = ((x[0, :, 0].float().clamp(-1, 1) + 1) / 2).permute(1, 2, 0).cpu().numpy()
+        return (img * 255).round().astype(np.uint8)
+
 
 WAN = WanAdapter(
-    name="wan", transformer_class="WanTransformer3DModel", block_lists=("blocks",),
-    self_attention={"blocks": "attn1"}, cross_attention={"blocks": "attn2"}, text_mode="cross",
-    text_position="none",
+    name="wan", pipeline_classes=("WanPipeline", "WanImageToVideoPipeline"), kind="video", cfg_mode="cfg",
+    transformer_class="WanTransformer3DModel", block_lists=("blocks",), self_attention={"blocks": "attn1"},
+    cross_attention={"blocks": "attn2"}, text_mode="cross", text_position="none", sparse_attention=True,
 )

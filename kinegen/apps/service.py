@@ -1,8 +1,9 @@
 """The web app's service layer: models loaded once, runs serialised per model, limits, history.
 
 Everything here is plain Python (no Gradio), so the behaviour the web UI and its API promise
-(validation, rate limits, output files, history) is tested directly. :mod:`kinegen.apps.web`
-only lays out the page and turns :class:`~kinegen.errors.KinegenError` into messages.
+(validation, rate limits, output files, history) is tested directly. :mod:`kinegen.apps.web` and
+the tab modules in :mod:`kinegen.apps.tabs` only lay out the page and turn
+:class:`~kinegen.errors.KinegenError` into messages.
 
 Concurrency: Gradio's queue bounds how many runs execute at once (``AppConfig.concurrency``,
 shared by every generate, GAN and profile event) and how many may wait (``max_queue``). On
@@ -15,7 +16,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-import re
 import shutil
 import threading
 import time
@@ -23,9 +23,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..errors import ConfigError, InvalidRequestError
+from ..plotting import save_block_pattern, save_heatmap
+from ..text import slug
 
 
 @dataclasses.dataclass
@@ -96,10 +96,6 @@ class RateLimiter:
             runs.append(now)
 
 
-def _slug(text: str, n: int = 40) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:n] or "output"
-
-
 def _stamp() -> str:
     """A time stamp plus a short random part: two runs finishing in the same second never share a name."""
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -149,11 +145,9 @@ class Service:
     # ------------------------------------------------------------------ validation
 
     def check_request(self, request) -> None:
-        """The server's own bounds, on top of what the model accepts."""
-        from ..generation import check_request_basics
-
+        """The server's own bounds, on top of what the model accepts (a ``GenerationRequest`` checks the
+        model-free rules itself when it is built)."""
         c = self.config
-        check_request_basics(request)
         for name, text in (("prompt", request.prompt), ("negative prompt", request.negative_prompt or "")):
             if len(text) > c.max_prompt_chars:
                 raise InvalidRequestError(f"The {name} has {len(text)} characters; this server accepts up to "
@@ -171,18 +165,15 @@ class Service:
     def accelerator_specs(cache: str | None, cache_options: str = "", attention: str | None = None,
                           attention_options: str = "") -> list[str]:
         """``("mapguided", "speedup=3")`` -> ``["mapguided:speedup=3"]``, each checked against the registry."""
-        from ..accelerate import get_accelerator, parse_spec
+        from ..accelerators.catalog import parse_spec
 
         specs = []
         for name, opts, kind in ((cache, cache_options, "cache"), (attention, attention_options, "attention")):
             if not name or name == "none":
                 continue
-            acc = get_accelerator(name)
-            if acc.kind != kind:
-                raise ConfigError(f"{name} is a {acc.kind} accelerator, not a {kind} one.")
             opts = (opts or "").strip().replace(" ", "")
             spec = f"{name}:{opts}" if opts else name
-            parse_spec(spec)
+            parse_spec(spec, kind=kind)  # unknown name, key or value, or the wrong kind: a ConfigError
             specs.append(spec)
         return specs
 
@@ -194,19 +185,20 @@ class Service:
 
         Returns the output paths, timings, accelerator stats and (compare) speedup and PSNR against dense.
         """
-        from ..generation import generate, resolve_request
+        from ..generation import prepare, run_job
         from ..profiling import metrics
 
         self.check_request(request)
         accelerators = list(accelerators)
         pipe = self.pipeline(model)
-        request = resolve_request(pipe, request)
+        job = prepare(pipe, request)
+        request = job.request
         self.check_request(request)  # the model's defaults filled in, bounds again
         self.limiter.check(user)
         with self._locks[model]:
-            result = generate(pipe, request, accelerators=accelerators, step_callback=step_callback)
-            dense = generate(pipe, request) if compare and accelerators else None
-        stem = f"{_stamp()}-{_slug(request.prompt)}-seed{request.seed}"
+            result = run_job(job, accelerators, step_callback=step_callback)
+            dense = run_job(job) if compare and accelerators else None
+        stem = f"{_stamp()}-{slug(request.prompt, 40)}-seed{request.seed}"
         ext = ".mp4" if result.kind == "video" else ".png"
         out: dict[str, Any] = {"output": str(result.save(self.output_dir / f"{stem}{ext}")),
                                "kind": result.kind, "request": request.to_dict(), "model": model,
@@ -220,8 +212,6 @@ class Service:
             out["psnr_db"] = metrics.psnr(dense.frames, result.frames)
         for st in result.accelerators:
             if st.get("map") and st.get("plan"):
-                from ..caching.tvmap import save_heatmap
-
                 out["heatmap"] = save_heatmap(self.output_dir / f"{stem}-plan.png", st["map"], st["plan"],
                                               st.get("groups"), f"{st['name']}: requested "
                                               f"{st.get('requested_speedup', '?')}x, map {st.get('map_source')}")
@@ -244,7 +234,7 @@ class Service:
         with self._locks[model]:
             res = generate_class_images(pipe, list(classes) or None, num_images=int(num_images), seed=int(seed),
                                         truncation=float(truncation))
-        name = "-".join(dict.fromkeys(_slug(c, 16) for c in res.class_names))[:60]
+        name = "-".join(dict.fromkeys(slug(c, 16) for c in res.class_names))[:60]
         path = res.save(self.output_dir / f"{_stamp()}-gan-{name}-seed{seed}.png")
         self._remember({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "type": "gan", "user": user, "model": model,
                         "request": {"prompt": ", ".join(dict.fromkeys(res.class_names)), "seed": int(seed),
@@ -254,7 +244,7 @@ class Service:
 
     def profile(self, model: str, prompts: list[str], configs: list[str], *, seeds: int = 1, repeats: int = 1,
                 steps: int | None = None, user: str = "anonymous", progress=None) -> dict[str, Any]:
-        from ..generation import GenerationRequest, resolve_request
+        from ..generation import GenerationRequest, prepare
         from ..profiling.report import markdown_table
         from ..profiling.runner import parse_config, profile
 
@@ -271,7 +261,7 @@ class Service:
         parsed = [parse_config(x) for x in configs]
         pipe = self.pipeline(model)
         for p in prompts:  # the model's defaults filled in, then the server's bounds
-            self.check_request(resolve_request(pipe, GenerationRequest(prompt=p, steps=steps)))
+            self.check_request(prepare(pipe, GenerationRequest(prompt=p, steps=steps)).request)
         self.limiter.check(user)
         out_dir = self.output_dir / f"{_stamp()}-profile"
         fields = {"steps": steps} if steps else {}
@@ -335,24 +325,3 @@ class Service:
             return True
         except ValueError:
             return False
-
-
-def save_block_pattern(path: Path, pattern, density: float | None = None) -> str:
-    """A sparse-attention accelerator's kept (query block, key block) pairs as a PNG (kept = dark)."""
-    from matplotlib.figure import Figure  # not pyplot: runs draw from several server threads
-
-    from ..media import atomic_path
-
-    pattern = np.asarray(pattern, dtype=np.float32)
-    if pattern.ndim == 3:  # [heads, q, k]: show the mean over heads
-        pattern = pattern.mean(0)
-    fig = Figure(figsize=(4, 4), dpi=100)
-    ax = fig.subplots()
-    ax.imshow(pattern, cmap="Greys", vmin=0, vmax=1, interpolation="nearest")
-    ax.set_xlabel("key block")
-    ax.set_ylabel("query block")
-    ax.set_title("kept blocks" + (f" (density {density:.2f})" if density is not None else ""))
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
-    return str(path)

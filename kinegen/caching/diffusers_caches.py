@@ -24,7 +24,7 @@ import contextlib
 import dataclasses
 import io
 
-from ..accelerate import AcceleratorHandle, RunInfo, register_accelerator
+from ..accelerators.base import AcceleratorHandle, RunInfo, register_accelerator
 from ..adapters import get_adapter, transformers_of
 from ..errors import ConfigError
 
@@ -109,9 +109,7 @@ def apply_taylorseer(pipe, config: TaylorSeerSpec, run: RunInfo) -> AcceleratorH
     dtype = pipe.transformer.dtype  # keep the Taylor factors in the model's precision
     # diffusers' default patterns (``^blocks.*attn`` with fullmatch) miss Wan's ``attn1``/``attn2`` and
     # CogVideoX's ``attn1``; name the attention modules from the adapter instead.
-    adapter = get_adapter(pipe)
-    patterns = sorted({rf"{lst}\.\d+\.{attr}" for table in (adapter.self_attention, adapter.cross_attention)
-                       for lst, attr in table.items()})
+    patterns = (run.adapter or get_adapter(pipe)).attention_module_patterns()
     return _enable(pipe, "taylorseer", lambda: TaylorSeerCacheConfig(
         cache_interval=config.cache_interval, disable_cache_before_step=config.disable_cache_before_step,
         max_order=config.max_order, use_lite_mode=config.use_lite_mode, taylor_factors_dtype=dtype,
@@ -145,12 +143,12 @@ def calibrate_mag_ratios(pipe, run: RunInfo) -> list[float]:
     """Run MagCache's calibration mode once (no skipping) and return the conditional branch's ratios."""
     from diffusers.hooks import MagCacheConfig
 
-    if run.dense_call is None or not run.num_inference_steps:
+    steps = run.require_steps("mag")
+    if run.dense_call is None:
         raise ConfigError("mag: this model has no shipped MagCache ratios and calibrating them needs a run; "
                           "pass ratios=r1/r2/... or use it through kinegen generate/profile.")
     buf = io.StringIO()
-    handle = _enable(pipe, "mag", lambda: MagCacheConfig(calibrate=True, num_inference_steps=run.num_inference_steps),
-                     None)
+    handle = _enable(pipe, "mag", lambda: MagCacheConfig(calibrate=True, num_inference_steps=steps), None)
     try:
         with contextlib.redirect_stdout(buf):
             run.dense_call()
@@ -166,21 +164,18 @@ def calibrate_mag_ratios(pipe, run: RunInfo) -> list[float]:
 
 def apply_mag(pipe, config: MagCacheSpec, run: RunInfo) -> AcceleratorHandle:
     from diffusers.hooks import MagCacheConfig
-    from diffusers.hooks.mag_cache import FLUX_MAG_RATIOS
 
-    steps = run.num_inference_steps
-    if not steps:
-        raise ConfigError("mag needs the number of inference steps; pass RunInfo(num_inference_steps=...).")
+    steps = run.require_steps("mag")
     source = config.ratios
-    is_flux = get_adapter(pipe).name == "flux"
+    shipped = (run.adapter or get_adapter(pipe)).mag_ratios()
     if source not in ("auto", "calibrate"):
         try:
             ratios = [float(x) for x in source.replace(" ", "/").split("/") if x]
         except ValueError:
             raise ConfigError("mag: ratios must be auto, calibrate or numbers separated by '/'.") from None
         origin = "given"
-    elif source == "auto" and is_flux:
-        ratios, origin = [float(x) for x in FLUX_MAG_RATIOS], "diffusers FLUX_MAG_RATIOS"
+    elif source == "auto" and shipped is not None:
+        ratios, origin = shipped
     else:
         key = (run.model_key or str(id(pipe.transformer)), steps)
         if key not in _MAG_RATIOS or source == "calibrate":
@@ -247,7 +242,8 @@ def apply_faster(pipe, config: FasterCacheSpec, run: RunInfo) -> AcceleratorHand
 
     _require_shared_state_ok("faster", run)
     cb = _timestep_callback(pipe)
-    tensor_format = {"BNC": "BCHW"}.get(get_adapter(pipe).latent_format, get_adapter(pipe).latent_format)
+    latent_format = (run.adapter or get_adapter(pipe)).latent_format
+    tensor_format = {"BNC": "BCHW"}.get(latent_format, latent_format)
     # Only batched CFG carries an unconditional half to reuse; otherwise treat every call as one branch.
     distilled = run.guidance_calls != "batched"
     return _enable(pipe, "faster", lambda: FasterCacheConfig(

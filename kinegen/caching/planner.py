@@ -367,3 +367,33 @@ def threshold_plan(v: np.ndarray, speedup: float, guards: Guards, group_costs: n
             hi = mid
     compute = walk(hi)
     return Plan(compute, costs, plan_error(v, compute, weights))
+
+
+# ---------------------------------------------------------------------------- planners by name
+
+
+PLANNERS = {"nested": nested_plan, "dp": quantity_plan, "threshold": threshold_plan}
+"""``planner=`` of Map-Guided Caching -> the function that makes the plan. Every planner has the signature
+``plan(v, speedup, guards, group_costs, overhead, weights) -> Plan``."""
+
+
+def fixed_plan(compute: np.ndarray):
+    """A planner that ignores the map and returns ``compute`` (``[T, G]`` bool), e.g. for sensitivity probes."""
+    fixed = np.asarray(compute, dtype=bool)
+
+    def plan(v, speedup: float, guards: Guards, group_costs: np.ndarray | None = None, overhead: float = 0.0,
+             weights: np.ndarray | None = None) -> Plan:
+        costs = np.ones(fixed.shape[1]) if group_costs is None else np.asarray(group_costs, dtype=np.float64)
+        return Plan(fixed, costs, 0.0)
+
+    plan.compute = fixed
+    return plan
+
+
+def resample_profile(profile: np.ndarray, steps: int) -> np.ndarray:
+    """A per-step weight profile (the step sensitivity) stored on its own step grid, read at ``steps``
+    points of normalised time."""
+    profile = np.asarray(profile, dtype=np.float64)
+    if len(profile) == steps:
+        return profile
+    return np.interp(np.linspace(0, 1, steps), np.linspace(0, 1, len(profile)), profile)

@@ -71,50 +71,7 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float((ra * rb).sum() / den) if den > 0 else 0.0
 
 
-def save_heatmap(path: str | os.PathLike, tvmap: np.ndarray, plan: np.ndarray | None = None,
-                 groups: list[str] | None = None, title: str = "") -> str:
-    """Write the map (log scale) and, beside it, the plan (computed cells dark) as one PNG, atomically."""
-    from matplotlib.figure import Figure  # not pyplot: the web app draws from several threads
-
-    from ..media import atomic_path
-
-    tvmap = np.asarray(tvmap, dtype=np.float64)
-    ncols = 2 if plan is not None else 1
-    fig = Figure(figsize=(4.2 * ncols + 1, 3.6))
-    axes = fig.subplots(1, ncols, squeeze=False)
-    ax = axes[0, 0]
-    im = ax.imshow(np.log10(tvmap.T + 1e-8), aspect="auto", origin="lower", cmap="magma")
-    ax.set_title("TVMap (log10)")
-    ax.set_xlabel("step")
-    ax.set_ylabel("block group")
-    fig.colorbar(im, ax=ax, fraction=0.046)
-    if plan is not None:
-        ax = axes[0, 1]
-        ax.imshow(np.asarray(plan, dtype=float).T, aspect="auto", origin="lower", cmap="Greys", vmin=0, vmax=1)
-        frac = float(np.asarray(plan).mean())
-        ax.set_title(f"plan: computed (black) {frac:.0%}")
-        ax.set_xlabel("step")
-    if groups is not None and len(groups) <= 24:
-        for a in axes[0]:
-            a.set_yticks(range(len(groups)))
-            a.set_yticklabels(groups, fontsize=6)
-    if title:
-        import textwrap
-
-        fig.suptitle(textwrap.fill(title, 60 * ncols), fontsize=8)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    return str(path)
-
-
-def save_maps(path: str | os.PathLike, records: list[dict]) -> None:
-    """Write recorded maps (one JSON object per run) atomically."""
-    from ..media import atomic_write_text
-
-    atomic_write_text(path, "\n".join(json.dumps(r) for r in records) + "\n")
-
-
 def load_maps(path: str | os.PathLike) -> list[dict]:
+    """Recorded maps, one JSON object per line (as ``kinegen calibrate`` writes them)."""
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]

@@ -17,6 +17,9 @@ from .shapes import BACKGROUNDS, TEXTURES, ClipSpec, ObjectSpec, render_clip
 DEFAULT_CLASSES: tuple[tuple[str, str], ...] = tuple(
     (colour, shape) for colour in ("red", "blue", "yellow") for shape in ("circle", "square", "triangle", "star"))
 HELD_OUT_SEED = 10_000_000
+# Offsets within the held-out range, far enough apart never to meet:
+CLASSIFIER_SEEDS = 0  # the GAN evaluation classifier's training and test images
+REFERENCE_SEEDS = 1_000_000  # the real reference images of the GAN metrics
 
 
 def class_names(classes=DEFAULT_CLASSES) -> list[str]:

@@ -1,10 +1,10 @@
 """The Map Predictor of Map-Guided Caching: a TVMap from what is known before denoising starts.
 
-Inputs (one feature vector per run, see :func:`kinegen.caching.map_guided.run_features`):
-the prompt embedding (mean of the text encoder's non-padding tokens), the initial noise
-(per-channel mean and standard deviation of the transformer's first input, which for FLUX
-Kontext includes the reference latent), and four scalars: log frames, log tokens per frame,
-steps / 50 and guidance / 10.
+Inputs (one feature vector per run, built by :func:`features_of_call` from the first transformer
+call, see the "input features" section below): the prompt embedding (mean of the text encoder's
+non-padding tokens), the initial noise (per-channel mean and standard deviation of the
+transformer's first input, which for FLUX Kontext includes the reference latent), and four
+scalars: log frames, log tokens per frame, steps / 50 and guidance / 10.
 
 Output: ``log V`` on a fixed grid of ``steps_ref`` points of normalised time by ``groups``,
 as a learned average map plus a rank-``r`` correction ``U(x) W``: per-run temporal coefficients
@@ -57,6 +57,63 @@ class MapPredictorConfig:
         return self.text_dim + 2 * self.latent_channels + NUM_SCALARS
 
 
+# ---------------------------------------------------------------------------- input features
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFeatures:
+    """The predictor's input for one run, with the token grid and text width it was built from."""
+
+    vector: torch.Tensor  # [feature_dim], on the CPU
+    grid: tuple[int, int, int]  # (frames, height, width) in tokens
+    text_dim: int
+
+
+def mean_text_embedding(enc: torch.Tensor | None) -> torch.Tensor:
+    """Mean over non-padding tokens (zero rows are padding in Wan) and over the batch."""
+    if enc is None:
+        raise ConfigError("mapguided: the transformer call has no encoder_hidden_states to predict a map from.")
+    enc = enc.detach().float()
+    if enc.ndim == 2:
+        enc = enc[None]
+    keep = (enc.abs().sum(-1, keepdim=True) > 0).float()
+    return ((enc * keep).sum(1) / keep.sum(1).clamp_min(1.0)).mean(0)
+
+
+def latent_channel_stats(latents: torch.Tensor, latent_format: str) -> torch.Tensor:
+    """Per-channel mean and std of the first transformer input, averaged over the batch."""
+    x = latents.detach().float()
+    cdim = {"BCFHW": 1, "BFCHW": 2, "BNC": 2}[latent_format]
+    x = x.movedim(cdim, -1).reshape(x.shape[0], -1, x.shape[cdim])
+    return torch.cat([x.mean(1).mean(0), x.std(1).mean(0)])
+
+
+def run_features(grid: tuple[int, int, int], steps: int, guidance: float, text: torch.Tensor,
+                 latent_stats: torch.Tensor) -> torch.Tensor:
+    """The input vector: text embedding, latent statistics, then the ``NUM_SCALARS`` scalars."""
+    f, h, w = grid
+    scalars = torch.tensor([math.log1p(f), math.log1p(h * w), steps / 50.0, guidance / 10.0])
+    return torch.cat([text.cpu(), latent_stats.cpu(), scalars]).float()
+
+
+def features_of_call(adapter, transformer: nn.Module, call: dict, steps: int,
+                     guidance_scale: float | None) -> RunFeatures:
+    """The predictor's input from the first transformer call of a run.
+
+    ``call`` holds the call's arguments by name (``hidden_states``, ``encoder_hidden_states``, ...);
+    ``adapter`` is the model family's :class:`kinegen.adapters.ModelAdapter` (token grid, latent
+    layout). A run without guidance counts as guidance 1.
+    """
+    grid = tuple(int(x) for x in adapter.token_layout(transformer, call).grid)
+    text = mean_text_embedding(call.get("encoder_hidden_states"))
+    stats = latent_channel_stats(call["hidden_states"], adapter.latent_format)
+    guidance = float(guidance_scale if guidance_scale is not None else 1.0)
+    return RunFeatures(run_features(grid, steps, guidance, text, stats), grid, int(text.numel()))
+
+
+# ---------------------------------------------------------------------------- the predictor
+
+
 def weights_fingerprint(module: nn.Module, n: int = 256) -> list[float]:
     """One weight from each of up to ``n`` parameter tensors (evenly spaced in name order; the middle
     element of each): enough to tell a retrained or fine-tuned transformer from the one a predictor
@@ -101,9 +158,6 @@ class MapPredictor(nn.Module):
         x = ((features - self.feature_mean) / self.feature_std).clamp(-5.0, 5.0)
         u = self.net(x).view(-1, c.steps_ref, c.rank)
         return self.mean_log_map + u @ self.group_basis
-
-    def average_log_map(self) -> torch.Tensor:
-        return self.mean_log_map.detach()
 
     # -- files ----------------------------------------------------------------------
 

@@ -33,68 +33,18 @@ the discriminator's activations per stage (the diagnostic of docs/gan.md).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .mpgan_config import GANConfig
+
 SLOPE = 0.2
 LRELU_GAIN_R3GAN = math.sqrt(2 / (1 + SLOPE**2))  # 1.3868: unit second moment
 LRELU_GAIN_MP = 1 / math.sqrt(((1 + SLOPE**2) - (1 - SLOPE) ** 2 / math.pi) / 2)  # 1.5465: unit std
 WN_EPS = 1e-4
-
-
-# The MP switches of GANConfig, in order: all True is the MP-GAN, all False the R3GAN baseline.
-MP_SWITCHES = ("weight_norm", "centering", "mp_lrelu", "mp_residual", "ff_heads", "free_transitions",
-               "linear_extraction", "shared_class_init")
-
-
-@dataclasses.dataclass
-class GANConfig:
-    """Sizes and the MP switches (all True = MP-GAN, all False = R3GAN baseline)."""
-
-    resolution: int = 32
-    num_classes: int = 10
-    widths: tuple[int, ...] = (128, 128, 128, 64)  # per stage, from 4x4 up to ``resolution``
-    blocks_per_stage: int = 1
-    group_channels: int = 32  # channels per group in the grouped 3x3 convolutions
-    z_dim: int = 64
-    embed_dim: int = 64
-    weight_norm: bool = True
-    centering: bool = True
-    mp_lrelu: bool = True
-    mp_residual: bool = True
-    ff_heads: bool = True
-    free_transitions: bool = True
-    linear_extraction: bool = True
-    shared_class_init: bool = True
-
-    def __post_init__(self):
-        self.widths = tuple(int(w) for w in self.widths)
-        stages = int(math.log2(self.resolution)) - 1
-        if 2 ** (stages + 1) != self.resolution or self.resolution < 8:
-            raise ValueError(f"resolution must be a power of two >= 8, got {self.resolution}")
-        if len(self.widths) != stages:
-            raise ValueError(f"widths needs one entry per stage (4x4 .. {self.resolution}x{self.resolution}): "
-                             f"{stages}, got {len(self.widths)}")
-        if any(2 * w % self.group_channels for w in self.widths):
-            raise ValueError("2 x every width must be a multiple of group_channels")
-        if self.free_transitions:
-            for a, b in zip(self.widths[:-1], self.widths[1:], strict=True):
-                if a != b and (4 * b % a or 4 * b < a):
-                    raise ValueError(f"free_transitions: a width change {a} -> {b} needs 4 x {b} to be a multiple "
-                                     f"of {a} (e.g. 128 -> 64, 128 -> 96, 64 -> 64); change --widths or "
-                                     "ablate free_transitions")
-
-    @property
-    def mp(self) -> bool:
-        return self.weight_norm
-
-    @classmethod
-    def baseline(cls, **kw) -> GANConfig:
-        return cls(**dict.fromkeys(MP_SWITCHES, False), **kw)
 
 
 # ---------------------------------------------------------------------------- layers

@@ -8,8 +8,6 @@ UMT5 encoder, a narrow AutoencoderKLWan (8 latent channels, 4x time and 8x space
 
 from __future__ import annotations
 
-import torch
-
 MAX_SEQUENCE_LENGTH = 512  # WanPipeline's default; training pads text embeddings the same way
 Z_DIM = 8
 
@@ -67,13 +65,3 @@ def build_scheduler(flow_shift: float = 3.0):
 
     return UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=flow_shift,
                                    num_train_timesteps=1000)
-
-
-def encode_text(tokenizer, text_encoder, prompts: list[str], max_length: int = MAX_SEQUENCE_LENGTH) -> torch.Tensor:
-    """Text embeddings exactly as WanPipeline makes them: the encoder's states for the real tokens,
-    zero-padded to ``max_length``."""
-    enc = tokenizer(prompts, padding="max_length", max_length=max_length, truncation=True, add_special_tokens=True,
-                    return_attention_mask=True, return_tensors="pt")
-    ids, mask = enc.input_ids.to(text_encoder.device), enc.attention_mask.to(text_encoder.device)
-    states = text_encoder(ids, mask).last_hidden_state
-    return states * mask[..., None].to(states.dtype)

@@ -19,18 +19,22 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils import BaseOutput
 
-from ..models.mpgan import GANConfig, Generator
+from ..models.mpgan import Generator
+from ..models.mpgan_config import GANConfig
+
+_NET = GANConfig  # the defaults below are GANConfig's, except the three R3GAN2 switches
 
 
 class MPGANGenerator(ModelMixin, ConfigMixin):
     """The MP-GAN (or R3GAN baseline) generator with its class names, loadable by diffusers."""
 
     @register_to_config
-    def __init__(self, resolution: int = 32, num_classes: int = 12, widths: tuple = (128, 128, 96, 64),
-                 blocks_per_stage: int = 1, group_channels: int = 32, z_dim: int = 64, embed_dim: int = 64,
-                 weight_norm: bool = True, centering: bool = True, mp_lrelu: bool = True, mp_residual: bool = True,
-                 ff_heads: bool = True, free_transitions: bool = False, linear_extraction: bool = False,
-                 shared_class_init: bool = False, class_names: list | None = None):
+    def __init__(self, resolution: int = _NET.resolution, num_classes: int = _NET.num_classes,
+                 widths: tuple = _NET.widths, blocks_per_stage: int = _NET.blocks_per_stage,
+                 group_channels: int = _NET.group_channels, z_dim: int = _NET.z_dim, embed_dim: int = _NET.embed_dim,
+                 weight_norm: bool = _NET.weight_norm, centering: bool = _NET.centering, mp_lrelu: bool = _NET.mp_lrelu,
+                 mp_residual: bool = _NET.mp_residual, ff_heads: bool = _NET.ff_heads, free_transitions: bool = False,
+                 linear_extraction: bool = False, shared_class_init: bool = False, class_names: list | None = None):
         # The three R3GAN2 switches default to off here so that generators saved before they existed
         # (their config.json lacks them) load as they were built; new ones save them explicitly.
         super().__init__()

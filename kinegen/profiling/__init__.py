@@ -1,1 +1,1 @@
-"""Profiling: stage timers, fidelity metrics, the side-by-side profiler and its report."""
+"""Profiling, built on generation: fidelity metrics, the side-by-side profiler and its report."""

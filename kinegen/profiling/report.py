@@ -6,13 +6,14 @@ Every file is written atomically (a temporary file renamed into place).
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..media import atomic_path, to_uint8, write_image, write_video
+from ..plotting import plot_latency, plot_speedup_vs_psnr, save_heatmap
+from ..text import slug
 
 if TYPE_CHECKING:
     from .runner import ProfileReport
@@ -58,55 +59,19 @@ def markdown_table(report: ProfileReport) -> str:
     return "\n".join(lines)
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save_figure(fig, path: Path) -> None:
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
-    _pyplot().close(fig)
-
-
 def _plot_speedup_psnr(report: ProfileReport, path: Path) -> None:
-    fig, ax = _pyplot().subplots(figsize=(6, 4), dpi=120)
-    cap = report.settings["psnr_cap_db"]
-    # Runs identical to dense (PSNR at the cap) would squash the axis; the dashed line stands for them.
-    shown = [r for r in report.runs if r["psnr_db"] < cap]
-    ax.axvline(1.0, color="gray", linestyle="--", linewidth=1)
-    ax.annotate("dense (identical)", (1.0, 1.0), xycoords=("data", "axes fraction"), textcoords="offset points",
-                xytext=(4, -12), fontsize=8, color="gray")
-    for r in shown:
-        ax.scatter(r["speedup"], r["psnr_db"], s=40)
-        ax.annotate(r["config"], (r["speedup"], r["psnr_db"]), textcoords="offset points", xytext=(5, 4), fontsize=8)
-    ax.set_xlabel("end-to-end speedup over dense (x)")
-    ax.set_ylabel("PSNR vs dense (dB)")
-    ax.set_title(f"{report.settings['model']}: speed against fidelity")
-    ax.grid(alpha=0.3)
-    _save_figure(fig, path)
+    runs = report.runs
+    plot_speedup_vs_psnr(path, [r["config"] for r in runs], [r["speedup"] for r in runs],
+                         [r["psnr_db"] for r in runs], psnr_cap_db=report.settings["psnr_cap_db"],
+                         title=f"{report.settings['model']}: speed against fidelity")
 
 
 def _plot_latency(report: ProfileReport, path: Path) -> None:
-    labels = [r["config"] for r in report.runs]
-    x = np.arange(len(labels))
-    med = np.array([r["latency_s"]["median"] for r in report.runs])
-    lo = med - np.array([r["latency_s"]["min"] for r in report.runs])
-    hi = np.array([r["latency_s"]["max"] for r in report.runs]) - med
-    tr = np.array([r["transformer_s"]["median"] for r in report.runs])
-    fig, ax = _pyplot().subplots(figsize=(max(5, 1.2 * len(labels) + 2), 4), dpi=120)
-    ax.bar(x, med, color="#9bb8d3", label="end to end (median, min-max)", yerr=[lo, hi], capsize=3)
-    ax.bar(x, tr, width=0.5, color="#2f6690", label="transformer")
-    ax.set_xticks(x, labels, rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel("seconds per generation")
-    ax.set_title(f"{report.settings['model']}: latency per configuration")
-    ax.legend(fontsize=8)
-    _save_figure(fig, path)
+    runs = report.runs
+    plot_latency(path, [r["config"] for r in runs], [r["latency_s"]["median"] for r in runs],
+                 [r["latency_s"]["min"] for r in runs], [r["latency_s"]["max"] for r in runs],
+                 [r["transformer_s"]["median"] for r in runs],
+                 title=f"{report.settings['model']}: latency per configuration")
 
 
 def _label(frame: np.ndarray, text: str) -> np.ndarray:
@@ -152,9 +117,7 @@ def write_report(report: ProfileReport, output_dir: Path) -> dict[str, Path]:
     for r in report.runs:
         for st in r.get("accelerator_stats") or []:
             if st.get("map") and st.get("plan"):  # Map-Guided Caching: its map and plan
-                from ..caching.tvmap import save_heatmap
-
-                name = re.sub(r"[^a-zA-Z0-9]+", "_", r["config"]).strip("_")
+                name = slug(r["config"], 80)
                 paths[f"plan_{name}"] = Path(save_heatmap(output_dir / f"plan_{name}.png", st["map"], st["plan"],
                                                           st.get("groups"), r["config"]))
     grid = side_by_side(report)

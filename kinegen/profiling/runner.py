@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..accelerate import parse_spec
+from ..accelerators.catalog import parse_specs
 from ..errors import ConfigError, InvalidRequestError
-from ..generation import GenerationRequest, generate, resolve_request
+from ..generation import GenerationRequest, prepare, run_job
 from . import metrics as M
 
 DENSE = "dense"
@@ -38,23 +38,23 @@ DENSE = "dense"
 
 @dataclasses.dataclass(frozen=True)
 class ProfileConfig:
-    """One column of the comparison: a label and the accelerator specs applied together."""
+    """One column of the comparison: a label, the accelerator specs applied together, and those specs
+    parsed once (``(accelerator, config)`` pairs) when the configuration is built."""
 
     label: str
     specs: tuple[str, ...] = ()
+    parsed: tuple = dataclasses.field(default=(), compare=False, repr=False)
 
 
 def parse_config(text: str) -> ProfileConfig:
-    """``"dense"``, one spec ``"mag:threshold=0.1"``, or several joined by ``+``."""
+    """``"dense"``, one spec ``"mag:threshold=0.1"``, or several joined by ``+`` (at most one per kind)."""
     text = text.strip()
     if text in (DENSE, "none"):
         return ProfileConfig(DENSE)
     specs = tuple(p.strip() for p in text.split("+") if p.strip())
     if not specs:
         raise ConfigError(f"Empty configuration {text!r}.")
-    for spec in specs:
-        parse_spec(spec)  # fail fast, before any model runs
-    return ProfileConfig(text, specs)
+    return ProfileConfig(text, specs, tuple(parse_specs(specs)))  # fails fast, before any model runs
 
 
 def _unique_labels(configs: list[ProfileConfig]) -> list[ProfileConfig]:
@@ -196,15 +196,15 @@ def profile(pipe, prompts: list[str] | str, configs: list[str | ProfileConfig], 
         raise InvalidRequestError("seeds and repeats must be >= 1 and warmup >= 0.")
     parsed = [c if isinstance(c, ProfileConfig) else parse_config(c) for c in configs]
     all_configs = _unique_labels([ProfileConfig(DENSE)] + parsed)
-    requests = [resolve_request(pipe, GenerationRequest(prompt=p, seed=s, **request_fields))
-                for p in prompts for s in range(seeds)]
+    jobs = [prepare(pipe, GenerationRequest(prompt=p, seed=s, **request_fields))
+            for p in prompts for s in range(seeds)]
     if output_dir is not None:  # fail on an unwritable folder before hours of work
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
         if not os.access(out, os.W_OK):
             raise InvalidRequestError(f"The output folder {out} is not writable.")
     device = pipe._execution_device
-    total = len(all_configs) * (warmup + repeats * len(requests))
+    total = len(all_configs) * (warmup + repeats * len(jobs))
     done = 0
 
     def tick(label):
@@ -219,15 +219,15 @@ def profile(pipe, prompts: list[str] | str, configs: list[str | ProfileConfig], 
 
     for c in all_configs:
         for _ in range(warmup):
-            generate(pipe, requests[0], accelerators=c.specs)
+            run_job(jobs[0], c.parsed)
             tick(c.label)
     for rep in range(repeats):
-        for ri, req in enumerate(requests):
+        for ri, job in enumerate(jobs):
             shift = (rep + ri) % len(all_configs)
             for c in all_configs[shift:] + all_configs[:shift]:
                 with PeakMemory(device) as mem:
                     t0 = time.perf_counter()
-                    result = generate(pipe, req, accelerators=c.specs)
+                    result = run_job(job, c.parsed)
                     latency = time.perf_counter() - t0
                 s = samples[c.label]
                 s["latency"].append(latency)
@@ -244,7 +244,7 @@ def profile(pipe, prompts: list[str] | str, configs: list[str | ProfileConfig], 
     for c in all_configs:
         s = samples[c.label]
         fid = {name: [] for name in M.METRICS}
-        for ri in range(len(requests)):
+        for ri in range(len(jobs)):
             for name, fn in M.METRICS.items():
                 fid[name].append(fn(frames[(DENSE, ri)], frames[(c.label, ri)]))
         lat, tr = _summary(s["latency"]), _summary(s["transformer"])
@@ -258,14 +258,14 @@ def profile(pipe, prompts: list[str] | str, configs: list[str | ProfileConfig], 
             "transformer_speedup": dense_transformer / tr["median"] if tr["median"] > 0 else None,
             "psnr_db": float(np.mean(fid["psnr_db"])),
             "ssim": float(np.mean(fid["ssim"])),
-            "lpips": float(np.mean(lp)) if len(lp) == len(requests) else None,
+            "lpips": float(np.mean(lp)) if len(lp) == len(jobs) else None,
             "peak_memory_mb": float(max(s["memory"])),
             "samples": len(s["latency"]),
             "transformer_calls": int(sum(s["calls"])),
             "accelerator_stats": s["stats"] or [],
         })
-    spec = pipe.kinegen_spec
-    first = requests[0]
+    spec = jobs[0].spec
+    first = jobs[0].request
     settings = {
         "model": spec.name, "prompts": prompts, "seeds": seeds, "repeats": repeats, "warmup": warmup,
         "height": first.height, "width": first.width, "frames": first.frames, "steps": first.steps,

@@ -28,22 +28,21 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..accelerate import AcceleratorHandle, RunInfo, register_accelerator
+from ..accelerators.base import AcceleratorHandle, RunInfo, StepTracker, register_accelerator
 from ..adapters import get_adapter, transformers_of
 from ..errors import ConfigError
 from .hva import HVAConfig, HVAttention, KMeansSparseAttention, KMeansSparseConfig
 
-SUPPORTED = ("wan", "hunyuan_video", "cogvideox")
-
 
 @dataclasses.dataclass
 class _BranchState:
-    step: int = -1
-    calls: int = 0
+    """One guidance branch: the current step and this branch's attention module per layer."""
+
+    step: int = 0
     layers: dict[int, Any] = dataclasses.field(default_factory=dict)
 
     def reset(self):
-        self.step, self.calls = -1, 0
+        self.step = 0
         self.layers.clear()
 
 
@@ -55,12 +54,14 @@ class _Controller:
 
         self.transformer = transformer
         self.adapter = get_adapter(transformer)
-        if self.adapter.name not in SUPPORTED:
-            raise ConfigError(f"sparse attention supports the video families {', '.join(SUPPORTED)}; "
-                              f"{type(transformer).__name__} is a {self.adapter.name} model.")
+        if not self.adapter.sparse_attention:
+            raise ConfigError(f"sparse attention needs video tokens on a grid and one attention call over the "
+                              f"sequence; {type(transformer).__name__} is a {self.adapter.name} model.")
         self.make_attention = make_attention
         self.config = config
-        self.run = run
+        self.steps = run.require_steps(type(config).__name__) if config.dense_warmup > 0 else \
+            int(run.num_inference_steps or 0)
+        self.tracker = StepTracker(self.steps)
         self.state = StateManager(_BranchState)
         self.layout = None
         self.sparse_calls = 0
@@ -74,32 +75,21 @@ class _Controller:
             self.state.set_context(CacheContext(name="inference"))
         return self.state.get_state()
 
-    def steps(self) -> int:
-        """Denoising steps of the run: from the RunInfo, else the pipeline's cache context; 0 if unknown."""
-        ctx = self.state._context
-        return int(self.run.num_inference_steps or getattr(ctx, "num_inference_steps", None) or 0)
-
     def begin(self, kwargs) -> None:
         self.layout = self.adapter.token_layout(self.transformer, kwargs)
         st = self.branch()
-        ctx = self.state._context
-        steps = self.steps()
-        if not steps and self.config.dense_warmup > 0:
-            raise ConfigError(f"{type(self.config).__name__}: dense_warmup needs the number of denoising steps; "
-                              "pass run=RunInfo(num_inference_steps=...) to apply_hva (kinegen.generate does), "
-                              "or set dense_warmup=0.")
-        step = ctx.step_index if getattr(ctx, "step_index", None) is not None else (st.calls % steps if steps else
-                                                                                     st.calls)
-        if step == 0 and st.calls:
+        step = self.tracker.on_call(self.state._context)
+        if step.new_run:
             st.reset()  # a new generation: fresh clustering state
-        st.step = step
-        st.calls += 1
+        st.step = step.index
+
+    def reset(self) -> None:
+        self.tracker.reset()
+        self.state.reset()
 
     def sparse_now(self, layer: int) -> bool:
-        st = self.branch()
-        steps = self.steps()
-        warm = math.ceil(self.config.dense_warmup * steps) if steps else 0
-        return st.step >= warm and layer >= self.config.dense_layers
+        warm = math.ceil(self.config.dense_warmup * self.steps) if self.steps else 0
+        return self.branch().step >= warm and layer >= self.config.dense_layers
 
     def attention(self, layer: int):
         st = self.branch()
@@ -217,7 +207,7 @@ def _install(pipe_or_transformer, name: str, config, make_attention, run: RunInf
             return args, kwargs
 
         def reset_state(self, module):
-            self.ctrl.state.reset()
+            self.ctrl.reset()
             return module
 
     from diffusers.models.attention_dispatch import AttentionBackendName
@@ -281,7 +271,8 @@ def apply_kmeans_sparse(pipe_or_transformer, config: KMeansSparseConfig | None =
     return _install(pipe_or_transformer, "kmeans-sparse", config, lambda layer: KMeansSparseAttention(config), run)
 
 
-register_accelerator("hva", HVAConfig, lambda pipe, cfg, run: apply_hva(pipe, cfg, run), kind="attention",
+register_accelerator("hva", HVAConfig, apply_hva, kind="attention", requires="sparse_attention",
                      summary="HyperVAttention: 3D local-window clustered block-sparse self-attention")
-register_accelerator("kmeans-sparse", KMeansSparseConfig, lambda pipe, cfg, run: apply_kmeans_sparse(pipe, cfg, run),
-                     kind="attention", summary="SVG2-style baseline: global k-means clusters, centroid top-p")
+register_accelerator("kmeans-sparse", KMeansSparseConfig, apply_kmeans_sparse, kind="attention",
+                     requires="sparse_attention",
+                     summary="SVG2-style baseline: global k-means clusters, centroid top-p")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..accelerate import AcceleratorHandle, RunInfo, register_accelerator
+from ..accelerators.base import AcceleratorHandle, RunInfo, register_accelerator
 from ..adapters import transformers_of
 from ..errors import ConfigError
 

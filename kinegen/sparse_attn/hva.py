@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from . import blocks as B
+from .block_sparse import BACKENDS
 from .clustering import ClusterState, global_kmeans, local_kmeans, refine
 
 
@@ -94,6 +95,7 @@ class HVAConfig:
             raise ValueError("per_window, iters, anchor_every and tile must be at least 1")
         if not 0 < self.reassign <= 1:
             raise ValueError(f"reassign must be in (0, 1]; got {self.reassign}")
+        _check_backend(self.backend)
         if self.kernel not in ("auto", "torch", "triton"):
             raise ValueError(f"kernel must be auto, torch or triton; got {self.kernel!r}")
 
@@ -119,8 +121,15 @@ class KMeansSparseConfig:
     def __post_init__(self):
         _check_budget(self.density, self.top_p, self.min_keys)
         _check_dense(self.dense_warmup, self.dense_layers)
+        _check_backend(self.backend)
         if min(self.q_clusters, self.k_clusters, self.iters, self.warm_iters, self.tile) < 1:
             raise ValueError("cluster counts, iterations and tile must be at least 1")
+
+
+def _check_backend(backend: str) -> None:
+    """Fail when the config is built, not at the first sparse call after the dense warm-up."""
+    if backend != "auto" and backend not in BACKENDS:
+        raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {backend!r}")
 
 
 def _check_budget(density, top_p, min_keys):

@@ -80,16 +80,3 @@ def train_adherence(run_dir: str | Path, cfg: AdherenceTrainConfig) -> Path:
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out))
     return out
 
-
-@torch.no_grad()
-def accuracy_on_procedural(model, n: int = 256, seed: int = 999_000) -> dict[str, float]:
-    """Per-head accuracy on clean procedural clips (a sanity check of the classifier itself)."""
-    model.eval()
-    correct = {k: 0 for k in ("shape", "colour", "motion")}
-    rng = np.random.default_rng(seed)
-    for i in range(0, n, 16):
-        x, y = labelled_batch(list(range(seed + i, seed + i + 16)), rng, augment=False)
-        logits = model(x)
-        for k in correct:
-            correct[k] += int((logits[k].argmax(1) == y[k]).sum())
-    return {k: v / n for k, v in correct.items()}

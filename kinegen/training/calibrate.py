@@ -41,7 +41,7 @@ def record_calibration_maps(pipe, prompts: list[str], seeds: int = 1, group_size
                             sink: Path | None = None, **fields) -> list[dict]:
     """One dense recording run per (prompt, seed); returns (and appends to ``sink``) one record each."""
     from ..caching.map_guided import record_map
-    from ..generation import GenerationRequest, resolve_request, run_info
+    from ..generation import prepare
 
     records = []
     out = open(sink, "a") if sink else None  # noqa: SIM115 (closed below)
@@ -49,9 +49,10 @@ def record_calibration_maps(pipe, prompts: list[str], seeds: int = 1, group_size
         total = len(prompts) * seeds
         for i, prompt in enumerate(prompts):
             for seed in range(seeds):
-                req = resolve_request(pipe, GenerationRequest(prompt=prompt, seed=seed, **fields))
+                job = prepare(pipe, prompt, seed=seed, **fields)
+                req = job.request
                 t0 = time.perf_counter()
-                rec = record_map(pipe, run_info(pipe, req), group_size=group_size)
+                rec = record_map(pipe, job.run_info(), group_size=group_size)
                 record = {"prompt": prompt, "prompt_index": i, "seed": seed, "steps": req.steps,
                           "guidance": req.guidance, "size": [req.frames, req.height, req.width],
                           "grid": list(rec["grid"]), "groups": rec["map"].groups,
@@ -83,37 +84,30 @@ def measure_sensitivity(pipe, prompts: list[str], *, group_size: int = 1, progre
 
     For each prompt: a dense run records its map ``V`` and gives the final latents ``y``; then, for every
     step ``t`` but the first and last, a run computes every step except ``t``, where every block group
-    reuses its cached contribution from ``t - 1`` (exactly what a plan does), giving ``y_t``. The
-    sensitivity is ``a[t] = (||y_t - y|| / ||y||) / sum_g V[t, g]``: the output error per unit of the drift
-    the map predicts for that reuse. Profiles are averaged over prompts in log space and scaled to mean 1;
+    reuses its cached contribution from ``t - 1`` (:func:`kinegen.caching.map_guided.apply_fixed_plan`:
+    exactly what a plan does), giving ``y_t``. The sensitivity is
+    ``a[t] = (||y_t - y|| / ||y||) / sum_g V[t, g]``: the output error per unit of the drift the map
+    predicts for that reuse. Profiles are averaged over prompts in log space and scaled to mean 1;
     the first and last steps (never reused) take their neighbours' values. The planners weight each
     step's drift by it (:func:`kinegen.caching.planner.segment_costs`).
     """
-    from ..adapters import transformers_of
-    from ..caching.map_guided import MapGuidedCache, MapGuidedCacheConfig, record_map
-    from ..generation import GenerationRequest, pipeline_kwargs, resolve_request, run_info
+    from ..caching.map_guided import apply_fixed_plan, record_map
+    from ..generation import prepare
 
     logs = []
     t0 = time.perf_counter()
     for i, prompt in enumerate(prompts):
-        req = resolve_request(pipe, GenerationRequest(prompt=prompt, seed=0, **fields))
-        info = run_info(pipe, req)
+        job = prepare(pipe, prompt, seed=0, **fields)
+        info = job.run_info()
         v = record_map(pipe, info, group_size=group_size)["map"].values
-        ref = _latents(pipe, pipeline_kwargs(pipe, req))
+        ref = _latents(pipe, job.pipeline_kwargs())
         steps = v.shape[0]
         ratio = np.full(steps, np.nan)
         for t in range(1, steps - 1):
             plan = np.ones(v.shape, dtype=bool)
             plan[t] = False
-            c = MapGuidedCache(transformers_of(pipe)[0],
-                               MapGuidedCacheConfig(speedup=1.0, sensitivity=False, group_size=group_size), info)
-            c.source, c.source_note = "fixed", "a fixed plan (sensitivity probe)"
-            c.plan_override = plan
-            c.install()
-            try:
-                y = _latents(pipe, pipeline_kwargs(pipe, req))
-            finally:
-                c.uninstall()
+            with apply_fixed_plan(pipe, plan, info, group_size=group_size, note="a fixed plan (sensitivity probe)"):
+                y = _latents(pipe, job.pipeline_kwargs())
             ratio[t] = (np.linalg.norm(y - ref) / max(np.linalg.norm(ref), EPS)) / max(float(v[t].sum()), EPS)
         logs.append(np.log(np.maximum(ratio, EPS)))
         if progress:
@@ -154,14 +148,14 @@ def fit_predictor(records: list[dict], *, model_key: str, transformer_class: str
                   steps_ref: int = 32, hidden: int = 128, rank: int = 4, train_steps: int = 2000,
                   lr: float = 2e-3, weight_decay: float = 1e-4, seed: int = 0):
     """Fit a :class:`MapPredictor` to recorded maps (full batch; seconds on a CPU)."""
-    from ..models.map_predictor import MapPredictor, MapPredictorConfig
+    from ..models.map_predictor import NUM_SCALARS, MapPredictor, MapPredictorConfig
 
     torch.manual_seed(seed)
     feats = torch.tensor([r["features"] for r in records], dtype=torch.float32)
     target = _targets(records, steps_ref)
     first = records[0]
     text_dim = int(first["text_dim"])
-    latent_channels = (feats.shape[1] - 4 - text_dim) // 2
+    latent_channels = (feats.shape[1] - NUM_SCALARS - text_dim) // 2
     cfg = MapPredictorConfig(
         text_dim=text_dim, latent_channels=latent_channels, groups=target.shape[2], steps_ref=steps_ref,
         hidden=hidden, rank=rank, model_key=model_key, transformer_class=transformer_class,
@@ -196,7 +190,7 @@ def evaluate_predictor(model, records: list[dict]) -> dict:
     feats = torch.tensor([r["features"] for r in records], dtype=torch.float32)
     with torch.no_grad():
         pred = np.exp(model(feats).double().numpy())
-        avg = np.exp(model.average_log_map().double().numpy())
+        avg = np.exp(model.mean_log_map.detach().double().numpy())
     rho_pred, rho_avg = [], []
     for r, p in zip(records, pred, strict=True):
         true = np.asarray(r["map"])
@@ -213,7 +207,7 @@ def calibrate(pipe, prompts: list[str], output: str | Path, *, seeds: int = 1, h
     """Record maps (or read ``maps``), fit the predictor on calibration prompts, evaluate on held-out ones,
     and measure the step-sensitivity profile on the first ``sensitivity_prompts`` calibration prompts."""
     from ..caching.tvmap import load_maps
-    from ..generation import _spec_of
+    from ..generation import spec_of
     from ..media import atomic_write_text
     from ..models.map_predictor import weights_fingerprint
 
@@ -234,7 +228,7 @@ def calibrate(pipe, prompts: list[str], output: str | Path, *, seeds: int = 1, h
     train_idx, test_idx = split_prompts(records, held_out)
     if not train_idx:
         raise ConfigError("no calibration prompts left after the held-out split; lower --held-out.")
-    spec = _spec_of(pipe)
+    spec = spec_of(pipe)
     t1 = time.perf_counter()
     model = fit_predictor([records[i] for i in train_idx], model_key=spec.name,
                           transformer_class=type(pipe.transformer).__name__, group_size=group_size,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..models.mpgan_config import GANConfig
+
 
 @dataclasses.dataclass
 class VAETrainConfig:
@@ -54,13 +56,22 @@ class AdherenceTrainConfig:
     checkpoint_every: int = 200
 
 
+# The GAN's starting learning rate per variant. MP: 3e-3 at our batch of 32 (EDM2's and R3GAN2's 1e-2 is
+# for batches of 512-4096; at batch 32 it reached FD 125 against 96 for 3e-3 in benchmarks/gan.md).
+# R3GAN: its paper's 2e-4.
+GAN_DEFAULT_LR = {"mp": 3e-3, "r3gan": 2e-4}
+
+
 @dataclasses.dataclass
 class GANTrainConfig:
+    """``resolution`` and ``widths`` default to :class:`kinegen.models.mpgan_config.GANConfig`'s, and the
+    default variant ``mp`` is its switches (all on); the rest of the network is GANConfig's defaults."""
+
     data: str = "shapes"  # "shapes" or "imagefolder:PATH"
     variant: str = "mp"  # "mp" (all magnitude-preserving changes) or "r3gan" (baseline)
     ablate: str = ""  # MP switches to turn off, comma-separated, e.g. "centering,mp_lrelu" (docs/gan.md)
-    resolution: int = 32
-    widths: str = "128,128,128,64"  # channels per stage from 4x4 up (runs before 2026-11-30: 128,128,96,64)
+    resolution: int = GANConfig.resolution  # image size, a power of two >= 8
+    widths: str = ",".join(map(str, GANConfig.widths))  # channels per stage, 4x4 up (until 2026-11-30: 128,128,96,64)
     steps: int = 3000
     batch_size: int = 32
     lr: float = 0.0  # 0 = the variant's default (MP 3e-3, R3GAN 2e-4), decayed 10x by a cosine to the end

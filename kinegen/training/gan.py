@@ -25,20 +25,17 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from ..models.mpgan import MP_SWITCHES, Discriminator, GANConfig, Generator, renormalize_
+from ..models.mpgan import Discriminator, Generator, renormalize_
+from ..models.mpgan_config import MP_SWITCHES, GANConfig
 from .common import Progress, TimeBox, load_checkpoint
-from .configs import GANTrainConfig
+from .configs import GAN_DEFAULT_LR, GANTrainConfig
 from .gan_loss import discriminator_loss, generator_loss
 from .phema import PowerEMA
-
-# MP: 3e-3 at our batch of 32 (EDM2's and R3GAN2's 1e-2 is for batches of 512-4096; at batch 32 it
-# reached FD 125 against 96 for 3e-3 in benchmarks/gan.md). R3GAN: its paper's 2e-4.
-DEFAULT_LR = {"mp": 3e-3, "r3gan": 2e-4}
 
 
 def network_config(cfg: GANTrainConfig, num_classes: int) -> GANConfig:
     widths = tuple(int(w) for w in str(cfg.widths).replace("/", ",").split(",") if w.strip())
-    if cfg.variant not in DEFAULT_LR:
+    if cfg.variant not in GAN_DEFAULT_LR:
         raise ConfigError(f"variant must be 'mp' or 'r3gan', got {cfg.variant!r}.")
     flags = {k: cfg.variant == "mp" for k in MP_SWITCHES}
     for name in filter(None, (a.strip() for a in cfg.ablate.split(","))):
@@ -159,7 +156,7 @@ def train_gan(run_dir: str | Path, cfg: GANTrainConfig) -> Path:
             g.out_gain.fill_(cfg.out_gain_init)
     sigmas = tuple(float(s) for s in cfg.ema_sigma_rels.split(","))
     ema = PowerEMA(g, sigmas)
-    lr0 = cfg.lr or DEFAULT_LR[cfg.variant]
+    lr0 = cfg.lr or GAN_DEFAULT_LR[cfg.variant]
     opt_g = torch.optim.Adam(g.parameters(), lr=lr0, betas=(0.0, 0.9), eps=1e-8)
     opt_d = torch.optim.Adam(d.parameters(), lr=lr0, betas=(0.0, 0.9), eps=1e-8)
 

@@ -54,9 +54,6 @@ class PowerEMA:
                 else:
                     v.copy_(current[k])
 
-    def state_dicts(self) -> list[dict[str, torch.Tensor]]:
-        return [m.state_dict() for m in self.modules]
-
 
 def _inner(t1: float, g1: float, t2: float, g2: float) -> float:
     """<p1, p2> for p(tau) = (g+1) tau^g / t^(g+1) on [0, t] (computed in logs for large exponents)."""

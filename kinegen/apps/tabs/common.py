@@ -1,0 +1,102 @@
+"""What the tabs share: the build context, user names, error messages, accelerator help and timing text."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from ...errors import KinegenError
+from ..service import AppConfig, Service
+
+log = logging.getLogger("kinegen.app")
+
+NONE = "none"  # the "no accelerator" choice of the cache and attention pickers
+
+
+@dataclasses.dataclass
+class TabContext:
+    """Everything a tab's ``build`` needs.
+
+    Attributes:
+        config: the server's settings.
+        svc: the service every run goes through.
+        history: the History tab's table. ``build_app`` creates it unrendered before any tab, so that
+            every run's event can refresh it; the History tab renders it in its place.
+        caches, attentions: the accelerator pickers' choices (``NONE`` first, then the registry's names).
+    """
+
+    config: AppConfig
+    svc: Service
+    history: Any
+    caches: list[str]
+    attentions: list[str]
+
+    @property
+    def text_models(self) -> list[str]:
+        return list(self.config.models)
+
+    @property
+    def gan_models(self) -> list[str]:
+        return list(self.config.gan_models)
+
+
+def accelerator_choices(kind: str) -> list[str]:
+    """``NONE`` and the name of every registered accelerator of ``kind`` (``cache`` or ``attention``)."""
+    from ...accelerators.catalog import list_accelerators
+
+    return [NONE] + [a.name for a in list_accelerators(kind)]
+
+
+def user_name(request) -> str:
+    """Who runs this (for the rate limit and the history): the login name, else the client address."""
+    if request is None:
+        return "anonymous"
+    name = getattr(request, "username", None)
+    if name:
+        return f"user:{name}"
+    client = getattr(request, "client", None)
+    return f"ip:{getattr(client, 'host', None) or 'unknown'}"
+
+
+def page_error(e: Exception):
+    """A message for the page: ours as they are, anything else named and logged (the app keeps running)."""
+    import gradio as gr
+
+    if isinstance(e, gr.Error):
+        return e
+    if isinstance(e, KinegenError):
+        return gr.Error(str(e))
+    log.exception("run failed")
+    return gr.Error(f"The run failed ({type(e).__name__}: {e}). The server is still up; try other settings.")
+
+
+def accelerator_help(kind: str) -> str:
+    """One Markdown line per registered accelerator of ``kind``: name, summary, keys and defaults."""
+    from ...accelerators.catalog import list_accelerators
+
+    lines = []
+    for acc in list_accelerators(kind):
+        keys = ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(acc.config_cls))
+        lines.append(f"- **{acc.name}**: {acc.summary}. Keys: `{keys}`")
+    return "\n".join(lines)
+
+
+def timing_markdown(out: dict[str, Any]) -> str:
+    """A run's stage times, its comparison with dense (if any) and each accelerator's scalar stats."""
+    t = out["timings"]
+    rows = [("text encoder", t.get("text_encoder")), ("transformer", t.get("transformer")),
+            ("VAE decode", t.get("vae_decode")), ("other", t.get("other")), ("total", t.get("total"))]
+    md = "| stage | seconds |\n|---|---|\n" + "".join(f"| {k} | {v:.2f} |\n" for k, v in rows if v is not None)
+    md += f"\n{t.get('transformer_calls', '?')} transformer calls."
+    if "speedup" in out:
+        d = out["dense_timings"]
+        md += (f"\n\n**Against dense** (same request, run after it): dense {d['total']:.2f} s, accelerated "
+               f"{t['total']:.2f} s: **{out['speedup']:.2f}x** end to end, {out['transformer_speedup']:.2f}x "
+               f"transformer; PSNR **{out['psnr_db']:.2f} dB**.")
+    for st in out["stats"]:
+        scalars = {k: v for k, v in st.items() if k not in ("name", "config") and isinstance(v, (int, float, str))}
+        if scalars:
+            shown = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in scalars.items())
+            md += f"\n\n`{st['name']}`: {shown}"
+    return md

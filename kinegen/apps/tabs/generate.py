@@ -1,0 +1,224 @@
+"""The Generate tab: one video (or image) with optional accelerators, previews, the dense comparison,
+and the ``/generate`` API endpoint (named parameters, each with a default)."""
+
+# No `from __future__ import annotations` here: Gradio reads the handlers' annotations (gr.Request,
+# gr.Progress) at runtime to know which parameters it fills in itself.
+import dataclasses
+import queue
+import random
+import threading
+from typing import Any
+
+import numpy as np
+
+from .common import NONE, TabContext, accelerator_help, log, page_error, timing_markdown, user_name
+
+TAB_ID = "generate"
+
+
+@dataclasses.dataclass
+class GenerateTab:
+    """What other tabs use: the settings a History row loads (in the order :meth:`load` fills them)."""
+
+    settings: list  # model, prompt, negative, height, width, frames, steps, guidance, seed, cache, cache
+    #                 options, attention, attention options
+    caches: list[str]
+    attentions: list[str]
+
+    def load(self, entry: dict[str, Any]) -> list:
+        """Values for :attr:`settings` from a ``generate`` history entry."""
+        import gradio as gr
+
+        r = entry["request"]
+        specs = entry.get("accelerators") or []
+        cache_spec = next((s for s in specs if s.split(":")[0] in self.caches), NONE)
+        attn_spec = next((s for s in specs if s.split(":")[0] in self.attentions), NONE)
+        return [gr.update(value=entry["model"]), r["prompt"], r.get("negative_prompt") or "",
+                r.get("height"), r.get("width"), r.get("frames"), r.get("steps"), r.get("guidance"),
+                r.get("seed", 0), cache_spec.split(":")[0], cache_spec.split(":", 1)[1] if ":" in cache_spec else "",
+                attn_spec.split(":")[0], attn_spec.split(":", 1)[1] if ":" in attn_spec else ""]
+
+
+def build(ctx: TabContext) -> GenerateTab:
+    import gradio as gr
+
+    from ...generation import GenerationRequest
+
+    config, svc = ctx.config, ctx.svc
+    text_models = ctx.text_models
+    d = svc.model_defaults(text_models[0]) if text_models else {}
+
+    with gr.Tab("Generate", id=TAB_ID):
+        with gr.Row():
+            with gr.Column(scale=2):
+                model = gr.Dropdown(text_models, value=text_models[0] if text_models else None, label="Model")
+                prompt = gr.Textbox(label="Prompt", value="a red circle moving to the right on a gray background",
+                                    lines=2, max_length=config.max_prompt_chars)
+                negative = gr.Textbox(label="Negative prompt", value="", lines=1, max_length=config.max_prompt_chars)
+                with gr.Row():
+                    height = gr.Number(label="Height", value=d.get("height", 128), precision=0)
+                    width = gr.Number(label="Width", value=d.get("width", 128), precision=0)
+                    frames = gr.Number(label="Frames (4k+1)", value=d.get("frames", 17), precision=0)
+                with gr.Row():
+                    steps = gr.Slider(1, config.max_steps, value=d.get("steps", 20), step=1, label="Steps")
+                    guidance = gr.Slider(0, 20, value=d.get("guidance", 4.0), step=0.5, label="Guidance")
+                with gr.Row():
+                    seed = gr.Number(label="Seed", value=0, precision=0, minimum=0)
+                    randomize = gr.Checkbox(label="Randomise seed", value=False)
+                with gr.Accordion("Accelerators", open=True):
+                    with gr.Row():
+                        cache = gr.Dropdown(ctx.caches, value=NONE, label="Cache")
+                        cache_opts = gr.Textbox(label="Cache options (key=value,...)", placeholder="speedup=3")
+                    with gr.Row():
+                        attention = gr.Dropdown(ctx.attentions, value=NONE, label="Attention")
+                        attention_opts = gr.Textbox(label="Attention options (key=value,...)",
+                                                    placeholder="backend=native")
+                    with gr.Accordion("What each accelerator does", open=False):
+                        gr.Markdown(accelerator_help("cache") + "\n" + accelerator_help("attention"))
+                    compare = gr.Checkbox(label="Compare with dense (runs the dense baseline too)", value=False)
+                run_btn = gr.Button("Generate", variant="primary")
+            with gr.Column(scale=3):
+                preview = gr.Image(label="Preview (denoising in progress)", type="numpy", height=200)
+                with gr.Row():
+                    video = gr.Video(label="Output", format="mp4", autoplay=True, loop=True)
+                    image_out = gr.Image(label="Output image", type="filepath", visible=False)
+                    dense_video = gr.Video(label="Dense baseline (same seed)", format="mp4", visible=False,
+                                           autoplay=True, loop=True)
+                info = gr.Markdown()
+                heatmap = gr.Image(label="Map-Guided Caching: TVMap and plan", type="filepath", visible=False)
+                pattern = gr.Image(label="Sparse attention: kept blocks", type="filepath", visible=False)
+        api_video = gr.Video(label="video", visible=False)
+        api_btn = gr.Button(visible=False)
+        # The API's optional parameters, each with its default (hidden: the page has its own controls).
+        api_text = {k: gr.Textbox(value=v, label=k, visible=False) for k, v in (
+            ("negative_prompt", ""), ("model", ""), ("cache", NONE), ("cache_options", ""), ("attention", NONE),
+            ("attention_options", ""))}
+        api_num = {k: gr.Number(value=v, label=k, visible=False) for k, v in (
+            ("height", 0), ("width", 0), ("frames", 0), ("steps", 0), ("guidance", -1.0))}
+
+    def on_model(name):
+        dd = svc.model_defaults(name)
+        return (gr.update(value=dd.get("height")), gr.update(value=dd.get("width")),
+                gr.update(value=dd.get("frames"), visible=dd.get("kind") == "video"),
+                gr.update(value=dd.get("steps")), gr.update(value=dd.get("guidance")))
+
+    # .input, not .change: loading a history row sets the model too, and must keep the row's settings.
+    model.input(on_model, [model], [height, width, frames, steps, guidance], api_visibility="private")
+
+    def make_request(prompt_, seed_, negative_, height_, width_, frames_, steps_, guidance_):
+        return GenerationRequest(prompt=prompt_ or "", negative_prompt=negative_ or None,
+                                 height=None if height_ is None else int(height_),
+                                 width=None if width_ is None else int(width_),
+                                 frames=None if frames_ is None else int(frames_),
+                                 steps=None if steps_ is None else int(steps_),
+                                 guidance=None if guidance_ is None else float(guidance_),
+                                 seed=int(seed_ or 0))
+
+    def run_generate(model_, prompt_, negative_, height_, width_, frames_, steps_, guidance_, seed_, randomize_,
+                     cache_, cache_opts_, attention_, attention_opts_, compare_, request: gr.Request,
+                     progress=gr.Progress()):
+        """The Generate button: progress per step, previews, outputs and (optionally) the dense run."""
+        try:
+            if randomize_:
+                seed_ = random.randrange(0, 2**31 - 1)
+            req = make_request(prompt_, seed_, negative_, height_, width_, frames_, steps_, guidance_)
+            specs = svc.accelerator_specs(cache_, cache_opts_, attention_, attention_opts_)
+            svc.check_request(req)
+        except Exception as e:
+            raise page_error(e) from None
+        events: queue.Queue = queue.Queue()
+        every = config.preview_every or max(1, int(req.steps or 20) // 5)
+        pipe_box: dict[str, Any] = {}
+
+        def on_step(i, n, latents):
+            preview_img = None
+            if latents is not None and ((i + 1) % every == 0) and "pipe" in pipe_box:
+                preview_img = preview_frame(pipe_box["pipe"], latents)
+            events.put(("step", i + 1, n, preview_img))
+
+        def work():
+            try:
+                pipe_box["pipe"] = svc.pipeline(model_)
+                out = svc.generate(model_, req, specs, compare=bool(compare_), user=user_name(request),
+                                   step_callback=on_step)
+                events.put(("done", out))
+            except Exception as e:  # handed to the page below
+                events.put(("error", e))
+
+        threading.Thread(target=work, daemon=True).start()
+        progress(0, desc="loading the model and encoding the prompt")
+        while True:
+            ev = events.get()
+            if ev[0] == "step":
+                _, i, n, img = ev
+                then = ", then the dense baseline" if compare_ and specs else ""
+                done = f" (decoding{then})" if i == n else ""
+                progress((i, n), desc=f"denoising step {i}/{n}{done}")
+                if img is not None:
+                    yield {preview: img}
+            elif ev[0] == "error":
+                raise page_error(ev[1])
+            else:
+                out = ev[1]
+                break
+        is_video = out["kind"] == "video"
+        yield {
+            video: gr.update(value=out["output"] if is_video else None, visible=is_video),
+            image_out: gr.update(value=None if is_video else out["output"], visible=not is_video),
+            dense_video: gr.update(value=out.get("dense_output") if is_video else None,
+                                   visible=is_video and "dense_output" in out),
+            info: f"Seed {out['request']['seed']}. " + timing_markdown(out),
+            heatmap: gr.update(value=out.get("heatmap"), visible="heatmap" in out),
+            pattern: gr.update(value=out.get("block_pattern"), visible="block_pattern" in out),
+            seed: out["request"]["seed"],
+            ctx.history: svc.history_rows(),
+        }
+
+    gen_inputs = [model, prompt, negative, height, width, frames, steps, guidance, seed, randomize, cache,
+                  cache_opts, attention, attention_opts, compare]
+    run_btn.click(run_generate, gen_inputs,
+                  [preview, video, image_out, dense_video, info, heatmap, pattern, seed, ctx.history],
+                  concurrency_id="device", api_visibility="undocumented")
+
+    def generate(prompt: str, seed: int = 0, negative_prompt: str = "", model: str = "", height: int = 0,
+                 width: int = 0, frames: int = 0, steps: int = 0, guidance: float = -1.0, cache: str = NONE,
+                 cache_options: str = "", attention: str = NONE, attention_options: str = "",
+                 request: gr.Request = None) -> str:
+        """Generate one video (or image) and return its file. Zero (or -1 for guidance) = the model's
+        default; cache/attention take an accelerator name and options as key=value,..."""
+        try:
+            name = model or text_models[0]
+            req = GenerationRequest(prompt=prompt or "", negative_prompt=negative_prompt or None,
+                                    height=int(height) or None, width=int(width) or None,
+                                    frames=int(frames) or None, steps=int(steps) or None,
+                                    guidance=None if guidance is None or guidance < 0 else float(guidance),
+                                    seed=int(seed))
+            specs = svc.accelerator_specs(cache, cache_options, attention, attention_options)
+            return svc.generate(name, req, specs, user=user_name(request))["output"]
+        except Exception as e:
+            raise page_error(e) from None
+
+    api_btn.click(generate, [prompt, seed, api_text["negative_prompt"], api_text["model"], api_num["height"],
+                             api_num["width"], api_num["frames"], api_num["steps"], api_num["guidance"],
+                             api_text["cache"], api_text["cache_options"], api_text["attention"],
+                             api_text["attention_options"]],
+                  [api_video], api_name="generate", concurrency_id="device")
+
+    return GenerateTab(settings=[model, prompt, negative, height, width, frames, steps, guidance, seed, cache,
+                                 cache_opts, attention, attention_opts],
+                       caches=list(ctx.caches), attentions=list(ctx.attentions))
+
+
+def preview_frame(pipe, latents) -> np.ndarray | None:
+    """The current (noisy) latents as a uint8 picture, or None.
+
+    The model family's adapter decides whether a preview is cheap enough and decodes it
+    (``ModelAdapter.preview_frame``); a preview must never break the run, so any failure is None.
+    """
+    try:
+        from ...adapters import get_adapter
+
+        return get_adapter(pipe).preview_frame(pipe, latents)
+    except Exception:  # a preview must never break the run
+        log.debug("preview failed", exc_info=True)
+        return None

@@ -1,0 +1,70 @@
+"""The settings of Map-Guided Caching (``--cache mapguided:key=value,...``) and the names they accept."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from . import planner as planners
+from .map_guided_reuse import REUSE
+
+REUSE_MODES = tuple(REUSE)  # output, residual, extrapolate
+MAP_SOURCES = ("auto", "predicted", "average", "recorded", "oracle")  # kinegen.caching.map_guided_sources.SOURCES
+PLANNERS = tuple(planners.PLANNERS)  # nested, dp, threshold
+
+
+@dataclasses.dataclass
+class MapGuidedCacheConfig:
+    """Settings of Map-Guided Caching (``--cache mapguided:speedup=3``).
+
+    The step count is not a setting: it comes from the run (``RunInfo.num_inference_steps``).
+
+    Attributes:
+        speedup: requested transformer speedup (1 = no reuse, bit-identical to dense).
+        reuse: ``output``, ``residual`` or ``extrapolate`` (:mod:`kinegen.caching.map_guided_reuse`).
+        map: ``auto``, ``predicted``, ``average``, ``recorded`` or ``oracle``
+            (:mod:`kinegen.caching.map_guided_sources`).
+        predictor: folder of a trained Map Predictor; empty = the one shipped for this model, if any.
+        planner: ``nested`` (orientation + quantity planners, groups nested so that computed groups
+            always form a prefix of the network), ``dp`` (the same planners, each group on its own) or
+            ``threshold`` (greedy per-step rule, ablation).
+        group_size: contiguous blocks planned as one unit (within one block list).
+        warmup / cooldown: first / last steps always computed (at least 1 each).
+        max_reuse: most consecutive steps a group may reuse its cache.
+        sensitivity: weight each step's drift by the step-sensitivity profile the predictor folder holds
+            (measured by ``kinegen calibrate``: how much an error made at that step moves the output).
+        overhead: share of transformer time outside the blocks; ``None`` measures it on fully computed steps.
+        record: compute everything and record the true map (calibration; see also
+            :func:`kinegen.caching.map_guided.record_map`).
+    """
+
+    speedup: float = 2.0
+    reuse: str = "residual"
+    map: str = "auto"
+    predictor: str = ""
+    planner: str = "nested"
+    group_size: int = 1
+    warmup: int = 1
+    cooldown: int = 1
+    max_reuse: int = 4
+    sensitivity: bool = True
+    overhead: float | None = None
+    record: bool = False
+
+    def __post_init__(self):
+        if not math.isfinite(self.speedup) or self.speedup < 1.0:
+            raise ValueError(f"speedup must be >= 1 (1 = no caching), got {self.speedup}")
+        if self.reuse not in REUSE_MODES:
+            raise ValueError(f"reuse must be one of {', '.join(REUSE_MODES)}, got {self.reuse!r}")
+        if self.map not in MAP_SOURCES:
+            raise ValueError(f"map must be one of {', '.join(MAP_SOURCES)}, got {self.map!r}")
+        if self.planner not in PLANNERS:
+            raise ValueError(f"planner must be one of {', '.join(PLANNERS)}, got {self.planner!r}")
+        if self.group_size < 1 or self.warmup < 1 or self.cooldown < 1 or self.max_reuse < 1:
+            raise ValueError("group_size, warmup, cooldown and max_reuse must be >= 1")
+        if self.overhead is not None and not 0.0 <= self.overhead < 1.0:
+            raise ValueError("overhead must be in [0, 1)")
+
+    @property
+    def guards(self) -> planners.Guards:
+        return planners.Guards(self.warmup, self.cooldown, self.max_reuse)

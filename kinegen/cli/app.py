@@ -1,0 +1,75 @@
+"""``kinegen app``: start the Gradio web app (Generate, GAN, Profile, History) and its generate API,
+with a queue, a rate limit and optional logins from ``--auth``/``--auth-file``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def add_parser(subparsers) -> None:
+    from ..registry import DEFAULT_MODEL
+
+    app = subparsers.add_parser(
+        "app", help="start the web UI (Generate, GAN, Profile, History) and its API",
+        description="Start the Gradio web app. Models load once and are reused; runs go through a queue with "
+                    "--concurrency runs at a time and at most --max-queue waiting; outputs are written to "
+                    "--output-dir, the only folder the server serves files from. The generate function is also "
+                    "an API endpoint: gradio_client's Client(URL).predict(prompt=..., seed=..., "
+                    "api_name=\"/generate\") returns the video file.",
+        epilog="Example: kinegen app --port 7860 --auth alice:secret --rate-limit 6")
+    app.add_argument("--host", default="127.0.0.1",
+                     help="interface to listen on; 0.0.0.0 for every interface (default: %(default)s)")
+    app.add_argument("--port", type=int, default=7860, help="port (default: %(default)s)")
+    app.add_argument("--models", nargs="+", metavar="M", default=[DEFAULT_MODEL],
+                     help="text-to-video/image models to offer: registry names or local diffusers folders "
+                          "(default: %(default)s)")
+    app.add_argument("--gan-models", nargs="*", metavar="M", default=["kinegen-shapes-gan"],
+                     help="class-conditional GANs for the GAN tab (default: %(default)s; --gan-models with no "
+                          "names hides the tab)")
+    app.add_argument("--output-dir", default="kinegen-app-outputs", metavar="DIR",
+                     help="where outputs and history.jsonl are written (default: %(default)s)")
+    app.add_argument("--concurrency", type=int, default=1, metavar="N",
+                     help="runs executing at once on the device (default: %(default)s)")
+    app.add_argument("--max-queue", type=int, default=16, metavar="N",
+                     help="runs that may wait in the queue; more are refused (default: %(default)s)")
+    app.add_argument("--rate-limit", type=int, default=0, metavar="N",
+                     help="runs per user per minute, 0 = unlimited (default: %(default)s)")
+    app.add_argument("--auth", action="append", metavar="USER:PASSWORD",
+                     help="require a login (repeat for several users); see also --auth-file")
+    app.add_argument("--auth-file", metavar="FILE", help="a file of USER:PASSWORD lines")
+    app.set_defaults(func=run)
+
+
+def read_auth(args) -> list[tuple[str, str]] | None:
+    """``--auth`` values and ``--auth-file`` lines (blank lines and ``#`` comments skipped) as pairs."""
+    from ..errors import ConfigError
+
+    lines = list(args.auth or [])
+    if args.auth_file:
+        path = Path(args.auth_file)
+        if not path.is_file():
+            raise ConfigError(f"--auth-file {path} does not exist.")
+        lines += [ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    pairs = []
+    for line in lines:
+        user, sep, password = line.partition(":")
+        if not sep or not user or not password:
+            raise ConfigError("--auth takes USER:PASSWORD with both parts non-empty.")
+        pairs.append((user, password))
+    return pairs or None
+
+
+def run(args) -> int:
+    from ..apps.service import AppConfig
+    from ..apps.web import launch_app
+    from ..loading import resolve_model
+
+    for m in list(args.models) + list(args.gan_models):
+        resolve_model(m)  # unknown names and incomplete folders fail here, before the server starts
+    config = AppConfig(models=list(args.models), gan_models=list(args.gan_models), output_dir=Path(args.output_dir),
+                       concurrency=args.concurrency, max_queue=args.max_queue, rate_limit=args.rate_limit,
+                       auth=read_auth(args))
+    print(f"Kinegen app on http://{args.host}:{args.port}/ (outputs in {config.output_dir.resolve()}); Ctrl+C stops it",
+          flush=True)
+    launch_app(config, host=args.host, port=args.port)
+    return 0

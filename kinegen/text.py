@@ -1,0 +1,32 @@
+"""Small text helpers shared by every entry point: one true/false parser, one output-name slug."""
+
+from __future__ import annotations
+
+import re
+
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def parse_bool(text: str) -> bool:
+    """``true/yes/on/1`` -> True, ``false/no/off/0`` -> False (any case); ValueError otherwise."""
+    low = str(text).strip().lower()
+    if low in TRUE_WORDS:
+        return True
+    if low in FALSE_WORDS:
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def env_flag(name: str, default: bool = False) -> bool:
+    """An environment variable read as true/false with the same words as :func:`parse_bool` (unset or
+    unrecognised: ``default``); Hugging Face reads ``HF_HUB_OFFLINE`` with these words too."""
+    import os
+
+    value = os.environ.get(name, "").strip().lower()
+    return True if value in TRUE_WORDS else False if value in FALSE_WORDS else default
+
+
+def slug(text: str, max_len: int = 48) -> str:
+    """A file-name-safe stem from free text: ``"A red circle!"`` -> ``"a-red-circle"`` (``"output"`` if empty)."""
+    return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-")[:max_len].strip("-") or "output"
