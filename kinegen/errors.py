@@ -39,3 +39,8 @@ class InvalidRequestError(KinegenError, ValueError):
 
 class ConfigError(KinegenError, ValueError):
     """An accelerator spec ``name:key=value,...`` names an unknown accelerator or key, or a bad value."""
+
+
+class FidelityWarning(UserWarning):
+    """An accelerator served a request differently from how it was asked, to keep the output intact (for
+    example a caching speedup lowered to the fidelity bound); the message says what was done."""

@@ -40,6 +40,7 @@ class ModelSpec:
     bundled: str | None = None
     size_note: str = ""
     call_defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
+    evaluator: str | None = None  # "adherence": the shipped classifier reads its outputs' shape, colour, motion
 
     @property
     def adapter(self):
@@ -104,7 +105,7 @@ for _spec in [
               size_note="~34 GB (gated: accept the licence first)"),
     # Trained by this repository (kinegen train) and shipped in assets/models/: runs offline on a CPU.
     ModelSpec("kinegen-shapes-t2v", "wan", "Wan-architecture text-to-video trained here on moving shapes (bundled)",
-              128, 128, 20, 4.0, frames=17, fps=8, bundled="kinegen-shapes-t2v"),
+              128, 128, 20, 4.0, frames=17, fps=8, bundled="kinegen-shapes-t2v", evaluator="adherence"),
     ModelSpec("kinegen-shapes-gan", "mpgan", "class-conditional MP-GAN trained here on 12 shape/colour classes, "
               "32x32, one step (bundled)", 32, 32, 1, 0.0, bundled="kinegen-shapes-gan"),
     # Tiny random-weight models built in code: for tests, CI and a first run without downloads.

@@ -295,7 +295,7 @@ def test_hva_schedule_branches_removal_and_composition(wan):
     assert 0 < st["density"] and 0 < st["tile_efficiency"] <= 1 and st["block_pattern"]
     assert [type(m.processor) for m in (b.attn1 for b in wan.transformer.blocks)] == before  # removed
     both = kinegen.generate(wan, "a red circle", seed=0, steps=4, accelerators=[
-        "mapguided:speedup=1.5,map=recorded", "hva:density=0.5,dense_warmup=0,tile=16,backend=dense"])
+        "mapguided:speedup=1.5,max_error=inf,map=recorded", "hva:density=0.5,dense_warmup=0,tile=16,backend=dense"])
     assert [a["name"] for a in both.accelerators] == ["mapguided", "hva"] and both.accelerators[1]["sparse_calls"] > 0
 
 

@@ -162,7 +162,7 @@ def test_speedup_one_is_bit_identical_and_removal_restores_dense(wan):
     dense = _gen(wan).frames
     same = _gen(wan, "mapguided:speedup=1,map=recorded").frames
     np.testing.assert_array_equal(dense, same)
-    cached = _gen(wan, "mapguided:speedup=2,overhead=0,map=recorded")
+    cached = _gen(wan, "mapguided:speedup=2,max_error=inf,overhead=0,map=recorded")
     assert not np.array_equal(dense, cached.frames)
     assert np.isfinite(cached.frames).all()
     np.testing.assert_array_equal(dense, _gen(wan).frames)
@@ -173,7 +173,7 @@ def test_speedup_one_is_bit_identical_and_removal_restores_dense(wan):
 def test_executed_blocks_equal_the_plan_on_every_family(load_tiny, name):
     pipe = load_tiny(name)
     dense = _gen(pipe).frames
-    res = _gen(pipe, "mapguided:speedup=2,overhead=0,map=recorded,max_reuse=3")
+    res = _gen(pipe, "mapguided:speedup=2,max_error=inf,overhead=0,map=recorded,max_reuse=3")
     st = res.accelerators[0]
     plan = np.array(st["plan"])
     calls = res.timings["transformer_calls"]
@@ -188,7 +188,8 @@ def test_executed_blocks_equal_the_plan_on_every_family(load_tiny, name):
 
 
 def test_state_is_kept_per_guidance_branch(wan):
-    handle = apply_map_guided_cache(wan, MapGuidedCacheConfig(speedup=2, overhead=0, map="recorded"),
+    config = MapGuidedCacheConfig(speedup=2, max_error=float("inf"), overhead=0, map="recorded")
+    handle = apply_map_guided_cache(wan, config,
                                     RunInfo(num_inference_steps=6, model_key="tiny-wan", shape_key=(9, 64, 64),
                                             dense_call=lambda: _gen(wan, steps=6)))
     ctrl = handle.controllers[0]
@@ -211,15 +212,15 @@ def test_state_is_kept_per_guidance_branch(wan):
 
 @pytest.mark.parametrize("reuse", ["output", "residual", "extrapolate"])
 def test_reuse_modes_differ_and_stay_finite(wan, reuse):
-    base = _gen(wan, "mapguided:speedup=2,overhead=0,map=recorded,reuse=residual").frames
-    out = _gen(wan, f"mapguided:speedup=2,overhead=0,map=recorded,reuse={reuse}").frames
+    base = _gen(wan, "mapguided:speedup=2,max_error=inf,overhead=0,map=recorded,reuse=residual").frames
+    out = _gen(wan, f"mapguided:speedup=2,max_error=inf,overhead=0,map=recorded,reuse={reuse}").frames
     assert np.isfinite(out).all()
     assert np.array_equal(out, base) == (reuse == "residual")
 
 
 def test_batch_of_two_and_block_groups(wan):
     res = kinegen.generate(wan, "a red circle", seed=1, steps=8, accelerators=[
-        "mapguided:speedup=1.6,overhead=0,map=recorded,group_size=2"])
+        "mapguided:speedup=1.6,max_error=inf,overhead=0,map=recorded,group_size=2"])
     st = res.accelerators[0]
     assert st["groups"] == ["blocks.0-1"] and np.array(st["plan"]).shape == (8, 1)
     def batch():
@@ -229,11 +230,11 @@ def test_batch_of_two_and_block_groups(wan):
     out = batch()
     assert out.shape[0] == 2
     with pytest.raises(ConfigError, match="no transformer calls"):
-        accelerate(wan, "mapguided:speedup=1.5,overhead=0,map=recorded",
+        accelerate(wan, "mapguided:speedup=1.5,max_error=inf,overhead=0,map=recorded",
                    run=RunInfo(num_inference_steps=4, dense_call=lambda: None, model_key="batch"))
     assert getattr(wan.transformer, "_kinegen_mapguided", None) is None
     np.testing.assert_array_equal(out, batch())
-    (handle,) = accelerate(wan, "mapguided:speedup=1.5,overhead=0,map=recorded",
+    (handle,) = accelerate(wan, "mapguided:speedup=1.5,max_error=inf,overhead=0,map=recorded",
                            run=RunInfo(num_inference_steps=4, dense_call=batch, model_key="batch"))
     with handle:
         cached = batch()
@@ -243,7 +244,8 @@ def test_batch_of_two_and_block_groups(wan):
 
 
 def test_heatmap_and_stats_from_python(wan, tmp_path):
-    handle = apply_map_guided_cache(wan, MapGuidedCacheConfig(speedup=2, overhead=0, map="recorded"),
+    config = MapGuidedCacheConfig(speedup=2, max_error=float("inf"), overhead=0, map="recorded")
+    handle = apply_map_guided_cache(wan, config,
                                     RunInfo(num_inference_steps=8, model_key="tiny-wan", shape_key=(9, 64, 64),
                                             dense_call=lambda: _gen(wan)))
     try:
@@ -279,12 +281,12 @@ def test_calibrate_writes_a_predictor_that_the_cache_uses(wan, tiny_predictor):
     assert -1 <= report["metrics"]["held_out"]["spearman_predicted_mean"] <= 1
     profile = np.array(report["sensitivity"]["profile"])  # one probe run per inner step and prompt
     assert profile.shape == (8,) and (profile > 0).all() and profile.mean() == pytest.approx(1.0)
-    res = _gen(wan, f"mapguided:speedup=2,overhead=0,map=predicted,predictor={folder}")
+    res = _gen(wan, f"mapguided:speedup=2,max_error=inf,overhead=0,map=predicted,predictor={folder}")
     assert res.accelerators[0]["map_source"] == "predicted by the Map Predictor"
     assert res.accelerators[0]["sensitivity"] == "the predictor's step-sensitivity profile"
-    off = _gen(wan, f"mapguided:speedup=2,overhead=0,map=predicted,predictor={folder},sensitivity=false")
+    off = _gen(wan, f"mapguided:speedup=2,max_error=inf,overhead=0,map=predicted,predictor={folder},sensitivity=false")
     assert off.accelerators[0]["sensitivity"].startswith("none")
-    avg = _gen(wan, f"mapguided:speedup=2,overhead=0,map=average,predictor={folder}")
+    avg = _gen(wan, f"mapguided:speedup=2,max_error=inf,overhead=0,map=average,predictor={folder}")
     assert "average" in avg.accelerators[0]["map_source"]
 
 
@@ -298,11 +300,11 @@ def test_predictor_for_another_model_is_refused(load_tiny, tiny_predictor):
 def test_predictor_for_another_size_is_refused_or_stated(wan, tiny_predictor):
     folder, _ = tiny_predictor
     with pytest.raises(ConfigError, match="calibrated at"):
-        _gen(wan, f"mapguided:speedup=2,overhead=0,map=predicted,predictor={folder}", height=32, width=32)
+        _gen(wan, f"mapguided:speedup=2,max_error=inf,overhead=0,map=predicted,predictor={folder}", height=32, width=32)
 
 
 def test_without_a_predictor_auto_falls_back_and_says_so(wan):
-    res = _gen(wan, "mapguided:speedup=2,overhead=0")
+    res = _gen(wan, "mapguided:speedup=2,max_error=inf,overhead=0")
     assert "no trained Map Predictor ships for tiny-wan" in res.accelerators[0]["map_source"]
     with pytest.raises(ConfigError, match="needs a trained Map Predictor"):
         _gen(wan, "mapguided:speedup=2,map=predicted")
@@ -325,8 +327,9 @@ def test_no_adapter_is_a_clear_error():
 
 
 def test_composes_with_an_attention_accelerator(wan):
-    alone = _gen(wan, "mapguided:speedup=2,overhead=0,map=recorded").frames
-    both = _gen(wan, "mapguided:speedup=2,overhead=0,map=recorded", "dense-attention:backend=_native_math")
+    alone = _gen(wan, "mapguided:speedup=2,max_error=inf,overhead=0,map=recorded").frames
+    both = _gen(wan, "mapguided:speedup=2,max_error=inf,overhead=0,map=recorded",
+                "dense-attention:backend=_native_math")
     assert [a["name"] for a in both.accelerators] == ["mapguided", "dense-attention"]
     np.testing.assert_allclose(both.frames, alone, atol=2e-3)  # same plan; math vs fused SDPA kernel rounding
     assert all(getattr(m.processor, "_attention_backend", None) is None
@@ -390,6 +393,71 @@ def test_predictor_from_other_weights_is_refused(wan, tiny_predictor):
             for p in wan.transformer.parameters():  # "retrained": every weight moved
                 p.add_(0.05 * torch.randn_like(p))
         with pytest.raises(ConfigError, match="calibrated on other weights"):
-            _gen(wan, f"mapguided:speedup=2,overhead=0,map=predicted,predictor={folder}")
+            _gen(wan, f"mapguided:speedup=2,max_error=inf,overhead=0,map=predicted,predictor={folder}")
     finally:
         wan.transformer.load_state_dict(saved)
+
+
+# ---------------------------------------------------------------------------- the fidelity bound
+
+
+@pytest.mark.parametrize("bound", [0.05, 0.2, 1.0])
+def test_fastest_within_is_the_fastest_plan_under_the_bound(bound):
+    guards = P.Guards(warmup=1, cooldown=1, max_reuse=4)
+    v = _random_map(20, 6, seed=4) / 10
+    plan, speedup = P.fastest_within(P.nested_plan, v, bound, guards)
+    assert P.error_per_step(plan) <= bound
+    assert plan.compute_fraction == pytest.approx(P.nested_plan(v, speedup, guards).compute_fraction)
+    top = P.max_speedup(20, guards)
+    if speedup < top:  # a little faster passes the bound: the search stopped at the edge
+        assert P.error_per_step(P.nested_plan(v, min(top, speedup + 0.02), guards)) > bound
+    assert P.fastest_within(P.nested_plan, v, 0.0, guards)[0].compute.all()  # no error allowed: compute all
+    assert P.fastest_within(P.nested_plan, v, float("inf"), guards)[1] == top
+
+
+def _bounded(wan, spec, steps=8):
+    import warnings
+
+    from kinegen.errors import FidelityWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FidelityWarning)
+        r = kinegen.generate(wan, "a red circle", seed=0, steps=steps, accelerators=[spec])
+    return r.accelerators[0], [w for w in caught if issubclass(w.category, FidelityWarning)]
+
+
+def test_a_speed_request_past_the_bound_is_served_at_the_bound_with_a_warning(wan):
+    free, warned = _bounded(wan, "mapguided:speedup=2.5,max_error=inf,map=recorded,overhead=0")
+    assert not warned and "warning" not in free and 2.5 <= free["chosen_speedup"] <= 2.5 * 1.1  # whole steps
+    bound = free["predicted_error_per_step"] / 3  # a third of what 2.5x costs on this model
+    st, warned = _bounded(wan, f"mapguided:speedup=2.5,max_error={bound},map=recorded,overhead=0")
+    assert st["predicted_error_per_step"] <= bound < free["predicted_error_per_step"]
+    assert 1.0 <= st["chosen_speedup"] < 2.5 and st["max_error"] == bound
+    assert len(warned) == 1 and st["warning"] == str(warned[0].message)
+    assert "speedup=2.5 would reach a predicted error" in st["warning"] and "max_error=inf forces" in st["warning"]
+
+
+def test_the_default_request_is_the_bound(wan):
+    from kinegen.caching.map_guided_config import DEFAULT_MAX_ERROR, HARD_MAX_ERROR
+
+    assert 0 < DEFAULT_MAX_ERROR <= HARD_MAX_ERROR
+    config = MapGuidedCacheConfig()
+    assert config.speedup is None and config.error_bound(20) == DEFAULT_MAX_ERROR
+    assert MapGuidedCacheConfig(speedup=2).error_bound(50) == HARD_MAX_ERROR
+    st, warned = _bounded(wan, "mapguided:map=recorded,overhead=0", steps=20)
+    assert not warned and st["requested_speedup"] is None and st["max_error"] == DEFAULT_MAX_ERROR
+    assert st["predicted_error_per_step"] <= DEFAULT_MAX_ERROR and st["chosen_speedup"] >= 1.0
+
+
+def test_below_the_calibrated_step_counts_caching_is_off_and_says_so(wan):
+    from kinegen.caching.map_guided_config import MIN_BOUND_STEPS
+
+    assert MIN_BOUND_STEPS == 20
+    for spec in ("mapguided:map=recorded,overhead=0", "mapguided:speedup=2,map=recorded,overhead=0"):
+        st, warned = _bounded(wan, spec, steps=8)
+        assert st["chosen_speedup"] == 1.0 and st["achieved_compute_fraction"] == 1.0 and st["max_error"] == 0.0
+        assert len(warned) == 1 and "at 8 steps (fewer than 20)" in st["warning"]
+    st, warned = _bounded(wan, "mapguided:speedup=2,max_error=1e6,map=recorded,overhead=0", steps=8)
+    assert not warned and st["chosen_speedup"] > 1.0  # an explicit bound applies at any step count
+    with pytest.raises(ConfigError, match="max_error must be >= 0"):
+        kinegen.parse_spec("mapguided:max_error=-1")

@@ -101,3 +101,23 @@ def test_metrics_on_known_values():
     assert metrics.ssim(ref, rng.random(ref.shape)) < 0.2
     with pytest.raises(ValueError, match="shapes"):
         metrics.psnr(ref, ref[:2])
+
+
+def test_profile_flags_configurations_whose_output_the_evaluator_reads_differently(tmp_path):
+    """The bundled model ships an evaluator: each output is read (shape, colour, motion) against dense."""
+    from kinegen.profiling.report import _adherence_cell
+    from kinegen.profiling.runner import _adherence_against_dense
+
+    pipe = kinegen.load_pipeline("kinegen-shapes-t2v")
+    pipe.set_progress_bar_config(disable=True)
+    report = kinegen.profile(pipe, ["a red circle moving right on a gray background"], ["mapguided:speedup=1"],
+                             repeats=1, warmup=0, steps=4, output_dir=tmp_path)
+    same = report.run("mapguided:speedup=1")["adherence"]
+    assert same == {"requests": 1, "changed": 0, "by_attribute": {"shape": 0, "colour": 0, "motion": 0}}
+    md = (tmp_path / "report.md").read_text()
+    assert "| adherence vs dense |" in md and "| same |" in md and "shipped adherence classifier" in md
+    red = {"shape": "circle", "colour": "red", "motion": "right"}
+    readings = {("dense", 0): red, ("dense", 1): red, ("x", 0): red, ("x", 1): {**red, "colour": "purple"}}
+    flagged = _adherence_against_dense(readings, "x", 2)
+    assert flagged == {"requests": 2, "changed": 1, "by_attribute": {"shape": 0, "colour": 1, "motion": 0}}
+    assert _adherence_cell(flagged) == "CHANGED: colour 1/2" and _adherence_cell(None) == "n/a"

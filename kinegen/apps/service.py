@@ -213,8 +213,8 @@ class Service:
         for st in result.accelerators:
             if st.get("map") and st.get("plan"):
                 out["heatmap"] = save_heatmap(self.output_dir / f"{stem}-plan.png", st["map"], st["plan"],
-                                              st.get("groups"), f"{st['name']}: requested "
-                                              f"{st.get('requested_speedup', '?')}x, map {st.get('map_source')}")
+                                              st.get("groups"), f"{st['name']}: planned "
+                                              f"{st.get('chosen_speedup') or 1:.2f}x, map {st.get('map_source')}")
             if st.get("block_pattern") is not None:
                 out["block_pattern"] = save_block_pattern(self.output_dir / f"{stem}-blocks.png",
                                                           st["block_pattern"], st.get("density"))

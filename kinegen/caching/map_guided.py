@@ -83,7 +83,8 @@ class MapGuidedCacheHandle(AcceleratorHandle):
         if run is None or run.map is None:
             raise RuntimeError("mapguided: no map yet; run the pipeline first.")
         plan = run.plan.compute if run.plan is not None else None
-        title = f"{c.info.model_key} speedup {c.config.speedup:g} ({c.source.note})"
+        chosen = run.chosen_speedup or 1.0
+        title = f"{c.info.model_key} speedup {chosen:.2f} ({c.source.note})"
         return save_heatmap(path, run.map, plan, c.group_names, title)
 
 
@@ -119,7 +120,8 @@ def apply_fixed_plan(pipe, plan, run: RunInfo, *, group_size: int = 1, reuse: st
     groups of ``group_size`` blocks. ``note`` is the stats' ``map_source``.
     """
     steps = run.require_steps("mapguided")
-    config = MapGuidedCacheConfig(speedup=1.0, sensitivity=False, group_size=group_size, reuse=reuse)
+    config = MapGuidedCacheConfig(speedup=1.0, max_error=float("inf"), sensitivity=False, group_size=group_size,
+                                  reuse=reuse)  # the plan is given: no bound applies
     fixed = np.asarray(plan, dtype=bool)
 
     def controller(transformer) -> MapGuidedCache:
@@ -155,7 +157,7 @@ def _install(config, transformers, make_controller) -> MapGuidedCacheHandle:
 def _check_reachable(config: MapGuidedCacheConfig, steps: int) -> None:
     """Fail before the run when the speedup cannot be met even with zero overhead."""
     top = planners.max_speedup(steps, config.guards, config.overhead or 0.0)
-    if config.speedup > top * (1 + 1e-9):
+    if config.speedup is not None and config.speedup > top * (1 + 1e-9):
         g = config.guards
         raise ConfigError(
             f"mapguided: speedup={config.speedup:g} is not reachable with {steps} steps (warmup={g.warmup}, "

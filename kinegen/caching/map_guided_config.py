@@ -12,15 +12,36 @@ REUSE_MODES = tuple(REUSE)  # output, residual, extrapolate
 MAP_SOURCES = ("auto", "predicted", "average", "recorded", "oracle")  # kinegen.caching.map_guided_sources.SOURCES
 PLANNERS = tuple(planners.PLANNERS)  # nested, dp, threshold
 
+DEFAULT_MAX_ERROR = 0.08
+"""The bound a request without ``speedup`` or ``max_error`` plans under (predicted error per step,
+:func:`kinegen.caching.planner.error_per_step`): the largest at which no held-out prompt of the bundled model
+changed colour, shape or motion and PSNR stayed above 30 dB (benchmarks/caching.md, "The fidelity bound")."""
+
+HARD_MAX_ERROR = 0.10
+"""A requested ``speedup`` whose plan would pass this is served at this bound instead, with a warning: past it
+objects in outputs of the bundled model start to change colour (benchmarks/caching.md)."""
+
+MIN_BOUND_STEPS = 20
+"""Below this many steps the bounds above do not hold and are 0 (caching off, with a warning) unless
+``max_error`` is given: at 10 steps every plan measured on the bundled model, even 1.18x at a predicted error
+of 0.03 per step, changed objects' colours on held-out prompts (benchmarks/caching.md)."""
+
 
 @dataclasses.dataclass
 class MapGuidedCacheConfig:
-    """Settings of Map-Guided Caching (``--cache mapguided:speedup=3``).
+    """Settings of Map-Guided Caching (``--cache mapguided``, ``--cache mapguided:speedup=2.5``).
 
     The step count is not a setting: it comes from the run (``RunInfo.num_inference_steps``).
 
     Attributes:
-        speedup: requested transformer speedup (1 = no reuse, bit-identical to dense).
+        speedup: requested transformer speedup (1 = no reuse, bit-identical to dense); unset (the default), the
+            fastest plan within ``max_error``.
+        max_error: the predicted error per step a plan may reach (the planner's own estimate of how far reuse
+            moves the output, :func:`kinegen.caching.planner.error_per_step`). Unset: ``DEFAULT_MAX_ERROR``
+            without a ``speedup`` (the default: a plan that does not visibly change the video), and
+            ``HARD_MAX_ERROR`` with one: a speedup that would pass it is served at it, with a warning; both are
+            0 below ``MIN_BOUND_STEPS`` steps (caching off, with a warning). ``inf`` turns the bound off (a high
+            speedup can then change colours and shapes).
         reuse: ``output``, ``residual`` or ``extrapolate`` (:mod:`kinegen.caching.map_guided_reuse`).
         map: ``auto``, ``predicted``, ``average``, ``recorded`` or ``oracle``
             (:mod:`kinegen.caching.map_guided_sources`).
@@ -38,7 +59,8 @@ class MapGuidedCacheConfig:
             :func:`kinegen.caching.map_guided.record_map`).
     """
 
-    speedup: float = 2.0
+    speedup: float | None = None
+    max_error: float | None = None
     reuse: str = "residual"
     map: str = "auto"
     predictor: str = ""
@@ -52,8 +74,10 @@ class MapGuidedCacheConfig:
     record: bool = False
 
     def __post_init__(self):
-        if not math.isfinite(self.speedup) or self.speedup < 1.0:
+        if self.speedup is not None and (not math.isfinite(self.speedup) or self.speedup < 1.0):
             raise ValueError(f"speedup must be >= 1 (1 = no caching), got {self.speedup}")
+        if self.max_error is not None and not self.max_error >= 0.0:
+            raise ValueError(f"max_error must be >= 0 (inf turns the bound off), got {self.max_error}")
         if self.reuse not in REUSE_MODES:
             raise ValueError(f"reuse must be one of {', '.join(REUSE_MODES)}, got {self.reuse!r}")
         if self.map not in MAP_SOURCES:
@@ -64,6 +88,15 @@ class MapGuidedCacheConfig:
             raise ValueError("group_size, warmup, cooldown and max_reuse must be >= 1")
         if self.overhead is not None and not 0.0 <= self.overhead < 1.0:
             raise ValueError("overhead must be in [0, 1)")
+
+    def error_bound(self, steps: int) -> float:
+        """The bound in force for a run of ``steps``: ``max_error`` if given, else the default (no speedup) or the
+        hard limit, and 0 below ``MIN_BOUND_STEPS``."""
+        if self.max_error is not None:
+            return self.max_error
+        if steps < MIN_BOUND_STEPS:
+            return 0.0
+        return DEFAULT_MAX_ERROR if self.speedup is None else HARD_MAX_ERROR
 
     @property
     def guards(self) -> planners.Guards:

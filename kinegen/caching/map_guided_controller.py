@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import time
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,10 +39,11 @@ from diffusers.hooks import ModelHook
 
 from ..accelerators.base import RunInfo, StepTracker
 from ..adapters import get_adapter
-from ..errors import ConfigError
+from ..errors import ConfigError, FidelityWarning
 from ..models.map_predictor import features_of_call
 from . import map_guided_reuse as reuse
 from . import planner as planners
+from .map_guided_config import MIN_BOUND_STEPS
 from .tvmap import TVMap
 
 if TYPE_CHECKING:
@@ -103,6 +105,8 @@ class _RunState:
     plan: planners.Plan | None = None
     overhead_used: float | None = None
     capped_to: float | None = None
+    chosen_speedup: float | None = None  # the transformer speedup the plan stands for
+    warning: str = ""  # what was done to a speed request beyond the fidelity bound
     predict_s: float = 0.0
     plan_s: float = 0.0
     executed: int = 0  # block evaluations run
@@ -233,15 +237,43 @@ class MapGuidedCache:
         run.predict_s = time.perf_counter() - t0
 
     def _plan(self, run: _RunState) -> None:
+        """The plan of the run: the fastest within the fidelity bound, or the requested speedup unless its
+        predicted error passes the bound (then the bound, with a warning)."""
         t0 = time.perf_counter()
         overhead = self._overhead() or 0.0
         run.overhead_used = overhead
-        target = self.config.speedup
-        top = planners.max_speedup(run.steps, self.config.guards, overhead)
-        if target > top:  # the measured overhead leaves less to save than the request needs: say so, plan the most
-            run.capped_to = target = top
+        c = self.config
         weights = None if self.sensitivity is None else planners.resample_profile(self.sensitivity, run.steps)
-        run.plan = self.planner(run.map, target, self.config.guards, self.group_costs, overhead, weights)
+        bound = c.error_bound(run.steps)
+        target = c.speedup
+        if bound <= 0.0 and c.max_error is None and target != 1.0:  # too few steps for the estimate: compute all
+            run.plan = planners.fixed_plan(np.ones((run.steps, len(self.group_names)), dtype=bool))(
+                run.map, 1.0, c.guards, self.group_costs)
+            run.warning = (f"mapguided: at {run.steps} steps (fewer than {MIN_BOUND_STEPS}) the planner's error "
+                           "estimate does not hold: on the bundled model every plan measured at 10 steps changed "
+                           "objects' colours. Caching is off (1.00x); max_error=X or max_error=inf caches anyway.")
+            warnings.warn(run.warning, FidelityWarning, stacklevel=2)
+        elif target is not None:
+            top = planners.max_speedup(run.steps, c.guards, overhead)
+            if target > top:  # the measured overhead leaves less to save than the request needs: plan the most
+                run.capped_to = target = top
+            run.plan = self.planner(run.map, target, c.guards, self.group_costs, overhead, weights)
+            err = planners.error_per_step(run.plan)
+            if err > bound:
+                run.plan, _ = planners.fastest_within(self.planner, run.map, bound, c.guards, self.group_costs,
+                                                      overhead, weights)
+                limit = (f"the hard limit {bound:g} past which objects start to change colour or shape"
+                         if c.max_error is None else f"max_error={bound:g}")
+                run.warning = (
+                    f"mapguided: speedup={c.speedup:g} would reach a predicted error of {err:.3g} per step, past "
+                    f"{limit}; served at {planners.transformer_speedup(run.plan, overhead):.2f}x, the fastest plan "
+                    "within it. max_error=X sets another limit; max_error=inf forces the speedup (the output may "
+                    "break).")
+                warnings.warn(run.warning, FidelityWarning, stacklevel=2)
+        else:
+            run.plan, _ = planners.fastest_within(self.planner, run.map, bound, c.guards, self.group_costs,
+                                                  overhead, weights)
+        run.chosen_speedup = planners.transformer_speedup(run.plan, overhead)
         run.plan_s = time.perf_counter() - t0
 
     def _size_key(self, run: _RunState) -> tuple:
@@ -372,6 +404,8 @@ class MapGuidedCache:
         total = run.executed + run.reused
         out.update({
             "requested_speedup": self.config.speedup,
+            "max_error": self.config.error_bound(run.steps),
+            "chosen_speedup": run.chosen_speedup,
             "steps": run.steps,
             "achieved_compute_fraction": run.executed / total if total else 1.0,
             "planned_compute_fraction": run.plan.compute_fraction if run.plan is not None else 1.0,
@@ -387,6 +421,9 @@ class MapGuidedCache:
         if run.plan is not None:
             out["plan"] = run.plan.compute.astype(int).tolist()
             out["predicted_error"] = run.plan.predicted_error
+            out["predicted_error_per_step"] = planners.error_per_step(run.plan)
+        if run.warning:
+            out["warning"] = run.warning
         return out
 
 

@@ -369,6 +369,52 @@ def threshold_plan(v: np.ndarray, speedup: float, guards: Guards, group_costs: n
     return Plan(compute, costs, plan_error(v, compute, weights))
 
 
+# ---------------------------------------------------------------------------- the fidelity bound
+
+
+def error_per_step(plan: Plan) -> float:
+    """A plan's predicted error divided by its step count: the unit of ``mapguided:max_error``.
+
+    The segment costs sum, over reused steps, the drift since the anchor; a denoising step moves the latents
+    by about ``1 / steps`` of the way, so the error a plan makes in the output grows like the sum divided by
+    the step count. Measured on the bundled model (benchmarks/caching.md): the same bound holds at 20 and 50
+    steps, not at 10 (hence ``MIN_BOUND_STEPS`` in the cache's config).
+    """
+    return plan.predicted_error / plan.compute.shape[0]
+
+
+def transformer_speedup(plan: Plan, overhead: float) -> float:
+    """The transformer speedup a plan stands for when ``overhead`` of the time is spent outside the blocks."""
+    return 1.0 / (overhead + (1.0 - overhead) * plan.compute_fraction)
+
+
+def fastest_within(planner, v: np.ndarray, max_error: float, guards: Guards, group_costs: np.ndarray | None = None,
+                   overhead: float = 0.0, weights: np.ndarray | None = None, tol: float = 0.01) -> tuple[Plan, float]:
+    """The fastest plan whose :func:`error_per_step` stays within ``max_error``, and the speedup it was planned at.
+
+    Bisection on the requested speedup between 1 (every block computed, no error) and the most the guards
+    allow: a planner's predicted error grows as its budget shrinks. ``planner`` is one of :data:`PLANNERS`.
+    """
+    v = np.asarray(v, dtype=np.float64)
+    top = max_speedup(v.shape[0], guards, overhead)
+
+    def at(speedup: float) -> Plan:
+        return planner(v, speedup, guards, group_costs, overhead, weights)
+
+    plan = at(top)
+    if error_per_step(plan) <= max_error:
+        return plan, top
+    lo, hi, best = 1.0, top, at(1.0)
+    while hi - lo > tol:
+        mid = 0.5 * (lo + hi)
+        plan = at(mid)
+        if error_per_step(plan) <= max_error:
+            lo, best = mid, plan
+        else:
+            hi = mid
+    return best, lo
+
+
 # ---------------------------------------------------------------------------- planners by name
 
 

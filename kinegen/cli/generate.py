@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import warnings
 from pathlib import Path
 
 from .common import (
@@ -90,7 +91,7 @@ def _check_flags_for(spec, args) -> None:
 
 
 def run(args) -> int:
-    from ..errors import ConfigError
+    from ..errors import ConfigError, FidelityWarning
     from ..generation import GenerationRequest, prepare, run_job
     from ..loading import resolve_model
     from ..media import check_output_path
@@ -108,7 +109,7 @@ def run(args) -> int:
     accelerators = accelerator_flags(args)
     if args.heatmap:
         if not any(acc.name == "mapguided" for acc, _ in accelerators):
-            raise ConfigError("--heatmap shows Map-Guided Caching's map and plan; add --cache mapguided:speedup=S.")
+            raise ConfigError("--heatmap shows Map-Guided Caching's map and plan; add --cache mapguided.")
         if Path(args.heatmap).suffix.lower() != ".png":
             raise ConfigError(f"--heatmap writes a PNG; give a file name ending in .png, not {args.heatmap}.")
         check_output_path(args.heatmap, "image")
@@ -122,7 +123,9 @@ def run(args) -> int:
     spec = job.spec
     output = check_output_path(_output(args, job.kind), job.kind)
     pipe.set_progress_bar_config(leave=False, disable=None)
-    result = run_job(job, accelerators)
+    with warnings.catch_warnings():  # an accelerator's warning is printed once, below, as a `warning:` line
+        warnings.simplefilter("ignore", FidelityWarning)
+        result = run_job(job, accelerators)
     t0 = time.perf_counter()
     result.save(output)
     write_s = time.perf_counter() - t0
@@ -143,8 +146,10 @@ def run(args) -> int:
           f"({t['transformer_calls']} calls) | VAE decode {t['vae_decode']:.2f} s | other {t['other']:.2f} s | "
           f"generation total {t['total']:.2f} s | write {write_s:.2f} s")
     for st in result.accelerators:
-        extra = {k: v for k, v in st.items() if k not in ("name", "config") and not isinstance(v, list)}
+        extra = {k: v for k, v in st.items() if k not in ("name", "config", "warning") and not isinstance(v, list)}
         print(f"accelerator {st['name']}: {st['config']}" + (f" {extra}" if extra else ""))
+        if st.get("warning"):
+            print(f"warning: {st['warning']}", file=sys.stderr)
         if args.heatmap and st["name"] == "mapguided" and st.get("map"):
             _write_heatmap(args.heatmap, st, spec.name, r.steps)
     return 0
@@ -154,7 +159,7 @@ def _write_heatmap(path: str, st: dict, model: str, steps: int) -> None:
     from ..plotting import save_heatmap
 
     save_heatmap(path, st["map"], st.get("plan"), st.get("groups"),
-                 f"{model}, {steps} steps: requested {st['requested_speedup']:g}x, "
+                 f"{model}, {steps} steps: planned {st['chosen_speedup']:.2f}x, "
                  f"{st['achieved_compute_fraction']:.0%} of block evaluations computed; map {st['map_source']}")
     print(f"wrote {path} (TVMap and plan)")
 

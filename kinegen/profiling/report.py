@@ -23,6 +23,16 @@ def _fmt(v, spec: str = ".2f", none: str = "n/a") -> str:
     return none if v is None else format(v, spec)
 
 
+def _adherence_cell(a: dict | None) -> str:
+    """``same`` / ``CHANGED: colour 2/3, shape 1/3`` (what the evaluator read against dense) or ``n/a``."""
+    if a is None:
+        return "n/a"
+    if not a["changed"]:
+        return "same"
+    parts = [f"{attr} {k}/{a['requests']}" for attr, k in a["by_attribute"].items() if k]
+    return "CHANGED: " + ", ".join(parts)
+
+
 def markdown_table(report: ProfileReport) -> str:
     """The comparison as a Markdown table, dense first."""
     s = report.settings
@@ -36,17 +46,18 @@ def markdown_table(report: ProfileReport) -> str:
         f"diffusers {report.environment['diffusers']}.",
         "",
         "| config | latency s (median [min-max]) | transformer s | speedup | transformer speedup "
-        "| PSNR dB | SSIM | LPIPS | peak MB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| PSNR dB | SSIM | LPIPS | adherence vs dense | peak MB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report.runs:
         lat, tr = r["latency_s"], r["transformer_s"]
         lines.append(
             f"| {r['config']} | {lat['median']:.3f} [{lat['min']:.3f}-{lat['max']:.3f}] | {tr['median']:.3f} | "
             f"{r['speedup']:.2f}x | {_fmt(r['transformer_speedup'])}x | {r['psnr_db']:.2f} | {r['ssim']:.4f} | "
-            f"{_fmt(r['lpips'], '.4f')} | {r['peak_memory_mb']:.0f} |")
+            f"{_fmt(r['lpips'], '.4f')} | {_adherence_cell(r.get('adherence'))} | {r['peak_memory_mb']:.0f} |")
     lines += ["", f"PSNR and SSIM are against the dense output of the same prompt and seed; identical outputs "
-              f"report {s['psnr_cap_db']:.0f} dB. Speedups are ratios of medians from this run. LPIPS: {s['lpips']}.",
+              f"report {s['psnr_cap_db']:.0f} dB. Speedups are ratios of medians from this run. LPIPS: {s['lpips']}. "
+              f"Adherence: {s.get('adherence', 'not checked')}.",
               ""]
     notes = [(r["config"], st) for r in report.runs for st in r.get("accelerator_stats") or []]
     if notes:

@@ -145,6 +145,28 @@ class ProfileReport:
         return write_report(self, Path(output_dir))
 
 
+def _adherence_readings(spec, frames: dict) -> dict | None:
+    """What the model's evaluator reads in each output, ``{(label, request): {shape, colour, motion}}``; ``None``
+    when no evaluator ships for the model (only the bundled text-to-video model has one)."""
+    if spec.evaluator != "adherence":
+        return None
+    from ..evaluation.adherence import classify, load_classifier
+
+    classifier = load_classifier()
+    return {key: classify(classifier, f) for key, f in frames.items()}
+
+
+def _adherence_against_dense(readings: dict | None, label: str, n: int) -> dict | None:
+    """For one configuration: on how many requests the evaluator read another shape, colour or motion than in
+    the dense output of the same request, per attribute (``None`` without an evaluator)."""
+    if readings is None:
+        return None
+    changed = {a: sum(readings[(label, i)][a] != readings[(DENSE, i)][a] for i in range(n))
+               for a in ("shape", "colour", "motion")}
+    flagged = sum(any(readings[(label, i)][a] != readings[(DENSE, i)][a] for a in changed) for i in range(n))
+    return {"requests": n, "changed": flagged, "by_attribute": changed}
+
+
 def environment(pipe) -> dict[str, Any]:
     import platform
 
@@ -238,6 +260,7 @@ def profile(pipe, prompts: list[str] | str, configs: list[str | ProfileConfig], 
                 frames.setdefault((c.label, ri), result.frames)
                 tick(c.label)
 
+    readings = _adherence_readings(jobs[0].spec, frames)
     dense_latency = statistics.median(samples[DENSE]["latency"])
     dense_transformer = statistics.median(samples[DENSE]["transformer"])
     runs = []
@@ -257,6 +280,7 @@ def profile(pipe, prompts: list[str] | str, configs: list[str | ProfileConfig], 
             "speedup": dense_latency / lat["median"],
             "transformer_speedup": dense_transformer / tr["median"] if tr["median"] > 0 else None,
             "psnr_db": float(np.mean(fid["psnr_db"])),
+            "adherence": _adherence_against_dense(readings, c.label, len(jobs)),
             "ssim": float(np.mean(fid["ssim"])),
             "lpips": float(np.mean(lp)) if len(lp) == len(jobs) else None,
             "peak_memory_mb": float(max(s["memory"])),
@@ -272,6 +296,9 @@ def profile(pipe, prompts: list[str] | str, configs: list[str | ProfileConfig], 
         "guidance": first.guidance, "negative_prompt": first.negative_prompt,
         "psnr_cap_db": M.PSNR_CAP_DB, "order": "interleaved, rotated each repeat",
         "lpips": "computed" if M.lpips_weights_path() else "skipped: AlexNet weights not found under $TORCH_HOME",
+        "adherence": ("the shipped adherence classifier reads shape, colour and motion of every output; a "
+                      "configuration whose reading differs from dense on any request is flagged" if readings else
+                      f"not checked: no evaluator ships for {spec.name}"),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     report = ProfileReport(runs=runs, settings=settings, environment=environment(pipe),

@@ -95,7 +95,10 @@ def timing_markdown(out: dict[str, Any]) -> str:
                f"{t['total']:.2f} s: **{out['speedup']:.2f}x** end to end, {out['transformer_speedup']:.2f}x "
                f"transformer; PSNR **{out['psnr_db']:.2f} dB**.")
     for st in out["stats"]:
-        scalars = {k: v for k, v in st.items() if k not in ("name", "config") and isinstance(v, (int, float, str))}
+        if st.get("warning"):
+            md = f"**Warning:** {st['warning']}\n\n" + md
+        scalars = {k: v for k, v in st.items() if k not in ("name", "config", "warning")
+                   and isinstance(v, (int, float, str))}
         if scalars:
             shown = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in scalars.items())
             md += f"\n\n`{st['name']}`: {shown}"

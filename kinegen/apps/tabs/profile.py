@@ -31,7 +31,7 @@ def build(ctx: TabContext) -> ProfileTab:
             with gr.Column():
                 model = gr.Dropdown(text_models, value=text_models[0] if text_models else None, label="Model")
                 configs = gr.Textbox(label="Configurations (one per line; join with + to combine)",
-                                     value="mapguided:speedup=2\nfirst-block:threshold=0.05", lines=4)
+                                     value="mapguided\nfirst-block:threshold=0.05", lines=4)
                 prompts = gr.Textbox(label="Prompts (one per line)",
                                      value="a red circle moving to the right on a gray background", lines=3)
                 with gr.Row():
