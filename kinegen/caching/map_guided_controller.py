@@ -247,8 +247,7 @@ class MapGuidedCache:
         bound = c.error_bound(run.steps)
         target = c.speedup
         if bound <= 0.0 and c.max_error is None and target != 1.0:  # too few steps for the estimate: compute all
-            run.plan = planners.fixed_plan(np.ones((run.steps, len(self.group_names)), dtype=bool))(
-                run.map, 1.0, c.guards, self.group_costs)
+            run.plan = self.planner(run.map, 1.0, c.guards, self.group_costs, overhead, weights)  # computes all
             run.warning = (f"mapguided: at {run.steps} steps (fewer than {MIN_BOUND_STEPS}) the planner's error "
                            "estimate does not hold: on the bundled model every plan measured at 10 steps changed "
                            "objects' colours. Caching is off (1.00x); max_error=X or max_error=inf caches anyway.")
