@@ -121,3 +121,12 @@ def test_profile_flags_configurations_whose_output_the_evaluator_reads_different
     flagged = _adherence_against_dense(readings, "x", 2)
     assert flagged == {"requests": 2, "changed": 1, "by_attribute": {"shape": 0, "colour": 1, "motion": 0}}
     assert _adherence_cell(flagged) == "CHANGED: colour 1/2" and _adherence_cell(None) == "n/a"
+
+
+def test_a_bound_switched_off_is_written_as_json(wan, tmp_path):
+    """``max_error=inf`` is infinite in the config and the stats; the report must still be strict JSON."""
+    kinegen.profile(wan, ["a red circle"], ["mapguided:speedup=1.5,max_error=inf,map=recorded"], repeats=1,
+                    warmup=0, steps=6, output_dir=tmp_path)
+    run = json.loads((tmp_path / "report.json").read_text())["runs"][1]
+    st = run["accelerator_stats"][0]
+    assert st["config"]["max_error"] == "inf" and st["max_error"] == "inf" and st["chosen_speedup"] > 1.0

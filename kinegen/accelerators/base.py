@@ -21,6 +21,7 @@ branch (diffusers' cache context ``"cond"``/``"uncond"``).
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -198,7 +199,8 @@ def build_config(acc: Accelerator, options: str = ""):
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
-    """A config dataclass as JSON-able values (tuples as lists, anything else exotic as its repr)."""
+    """A config dataclass as JSON-able values (tuples as lists, ``inf`` as ``"inf"``, anything else exotic as its
+    repr)."""
     if not dataclasses.is_dataclass(config):
         return {"repr": repr(config)}
     out = {}
@@ -206,6 +208,8 @@ def config_to_dict(config: Any) -> dict[str, Any]:
         v = getattr(config, f.name)
         if isinstance(v, tuple):
             v = list(v)
+        elif isinstance(v, float) and not math.isfinite(v):
+            v = str(v)  # "inf" (a bound switched off): JSON has no infinity
         elif not isinstance(v, (int, float, str, bool, type(None))):
             v = repr(v)
         out[f.name] = v
