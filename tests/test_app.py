@@ -180,3 +180,16 @@ def test_app_login_is_required_when_auth_is_set(tmp_path):
         assert (out["video"] if isinstance(out, dict) else out).endswith(".mp4")
     finally:
         app.close()
+
+
+def test_an_accelerator_warning_heads_the_run_info():
+    """A speed served differently from the request (the fidelity bound) is said above the timing table."""
+    from kinegen.apps.tabs.common import timing_markdown
+
+    out = {"timings": {"text_encoder": 0.1, "transformer": 1.0, "vae_decode": 0.2, "other": 0.0, "total": 1.3,
+                       "transformer_calls": 40},
+           "stats": [{"name": "mapguided", "config": {}, "chosen_speedup": 1.9,
+                      "warning": "mapguided: served at 1.93x"}]}
+    md = timing_markdown(out)
+    assert md.startswith("**Warning:** mapguided: served at 1.93x\n\n| stage | seconds |")
+    assert "chosen_speedup=1.9" in md and md.count("served at") == 1
