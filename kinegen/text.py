@@ -1,4 +1,4 @@
-"""Small text helpers shared by every entry point: one true/false parser, one output-name slug."""
+"""Small text helpers shared by every entry point: one true/false parser, one output-name slug, JSON-safe values."""
 
 from __future__ import annotations
 
@@ -25,6 +25,20 @@ def env_flag(name: str, default: bool = False) -> bool:
 
     value = os.environ.get(name, "").strip().lower()
     return True if value in TRUE_WORDS else False if value in FALSE_WORDS else default
+
+
+def json_safe(obj):
+    """``obj`` with every non-finite float as a string (``"inf"``, ``"nan"``), for strict JSON: an infinite
+    setting (``max_error=inf``) or stat must not cost a whole report."""
+    import math
+
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
 
 
 def slug(text: str, max_len: int = 48) -> str:

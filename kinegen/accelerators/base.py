@@ -21,7 +21,6 @@ branch (diffusers' cache context ``"cond"``/``"uncond"``).
 from __future__ import annotations
 
 import dataclasses
-import math
 import types
 import typing
 from collections.abc import Callable
@@ -199,8 +198,8 @@ def build_config(acc: Accelerator, options: str = ""):
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
-    """A config dataclass as JSON-able values (tuples as lists, ``inf`` as ``"inf"``, anything else exotic as its
-    repr)."""
+    """A config dataclass as plain values (tuples as lists, anything else exotic as its repr); writers pass
+    it through :func:`kinegen.text.json_safe` for strict JSON."""
     if not dataclasses.is_dataclass(config):
         return {"repr": repr(config)}
     out = {}
@@ -208,8 +207,6 @@ def config_to_dict(config: Any) -> dict[str, Any]:
         v = getattr(config, f.name)
         if isinstance(v, tuple):
             v = list(v)
-        elif isinstance(v, float) and not math.isfinite(v):
-            v = str(v)  # "inf" (a bound switched off): JSON has no infinity
         elif not isinstance(v, (int, float, str, bool, type(None))):
             v = repr(v)
         out[f.name] = v

@@ -403,7 +403,7 @@ class MapGuidedCache:
         total = run.executed + run.reused
         out.update({
             "requested_speedup": self.config.speedup,
-            "max_error": _json_number(self.config.error_bound(run.steps)),
+            "max_error": self.config.error_bound(run.steps),
             "chosen_speedup": run.chosen_speedup,
             "steps": run.steps,
             "achieved_compute_fraction": run.executed / total if total else 1.0,
@@ -424,11 +424,6 @@ class MapGuidedCache:
         if run.warning:
             out["warning"] = run.warning
         return out
-
-
-def _json_number(x: float) -> float | str:
-    """``x``, or ``"inf"`` for a bound switched off (stats are JSON, which has no infinity)."""
-    return x if np.isfinite(x) else str(x)
 
 
 class _RootHook(ModelHook):

@@ -9,6 +9,7 @@ import time
 import warnings
 from pathlib import Path
 
+from ..text import json_safe
 from .common import (
     EPILOG_ACCEL,
     accelerator_flags,
@@ -138,7 +139,7 @@ def run(args) -> int:
         "transformer_calls": t["transformer_calls"], "accelerators": result.accelerators,
     }
     if args.json:
-        print(json.dumps(summary, indent=2, default=str))
+        print(json.dumps(json_safe(summary), indent=2, default=str))
         return 0
     what = f"{summary['frames']} frames, " if result.kind == "video" else ""
     print(f"wrote {output} ({what}{r.width}x{r.height}, {r.steps} steps, seed {r.seed})")

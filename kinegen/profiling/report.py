@@ -13,7 +13,7 @@ import numpy as np
 
 from ..media import atomic_path, to_uint8, write_image, write_video
 from ..plotting import plot_latency, plot_speedup_vs_psnr, save_heatmap
-from ..text import slug
+from ..text import json_safe, slug
 
 if TYPE_CHECKING:
     from .runner import ProfileReport
@@ -21,18 +21,6 @@ if TYPE_CHECKING:
 
 def _fmt(v, spec: str = ".2f", none: str = "n/a") -> str:
     return none if v is None else format(v, spec)
-
-
-def _finite(obj):
-    """``obj`` with non-finite floats as strings (``"inf"``, ``"nan"``): a stat that is infinite must not cost
-    the whole report, and strict JSON has no infinity."""
-    if isinstance(obj, float) and not np.isfinite(obj):
-        return str(obj)
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def _adherence_cell(a: dict | None) -> str:
@@ -132,7 +120,7 @@ def write_report(report: ProfileReport, output_dir: Path) -> dict[str, Path]:
         "side_by_side": output_dir / ("side_by_side.mp4" if report.kind == "video" else "side_by_side.png"),
     }
     with atomic_path(paths["json"]) as tmp:
-        tmp.write_text(json.dumps(_finite(report.to_dict()), indent=2, allow_nan=False) + "\n")
+        tmp.write_text(json.dumps(json_safe(report.to_dict()), indent=2, allow_nan=False) + "\n")
     with atomic_path(paths["markdown"]) as tmp:
         tmp.write_text(markdown_table(report))
     _plot_speedup_psnr(report, paths["speedup_vs_psnr"])
