@@ -270,24 +270,24 @@ def lagrangian_path(cost: np.ndarray, allowed: np.ndarray, price: float) -> tupl
     return mask, float(drift)
 
 
-def nested_plan(v: np.ndarray, speedup: float, guards: Guards, group_costs: np.ndarray | None = None,
-                overhead: float = 0.0, weights: np.ndarray | None = None) -> Plan:
-    """The orientation and quantity planners with groups nested in execution order (the default).
+def nested_frontier(v: np.ndarray, guards: Guards, group_costs: np.ndarray | None = None,
+                    weights: np.ndarray | None = None):
+    """The nested plans as a function of one price per unit of compute: ``price -> Plan``.
 
     Group ``g`` may be computed only on steps where group ``g-1`` is computed: at every step the computed
     groups form a prefix of the network and the reused ones a suffix, so no computed group reads an input
     assembled from cached contributions (with independent plans, a block computed after a reused one
     refreshes its cache from a stale input and carries that error forward). Each group is planned by
-    :func:`lagrangian_path` under one price per unit of compute, bisected until the plan fits the budget
-    of the requested speedup.
+    :func:`lagrangian_path` under the same price per unit of compute (times the group's cost). Price 0
+    computes every step; a higher price trades compute for predicted error; the plans of all prices are the
+    planner's frontier, which :func:`nested_plan` searches for a budget and :func:`fastest_within` for a bound.
     """
-    v, costs, budget = _setup(v, speedup, guards, group_costs, overhead)
+    v = np.asarray(v, dtype=np.float64)
     steps, groups = v.shape
-    if budget is None:
-        return Plan(np.ones((steps, groups), dtype=bool), costs, 0.0)
+    costs = np.ones(groups) if group_costs is None else np.asarray(group_costs, dtype=np.float64)
     seg = segment_costs(v, guards, weights)  # [G, s, e]
 
-    def plan(price: float) -> tuple[np.ndarray, float]:
+    def at(price: float) -> Plan:
         allowed = np.ones(steps, dtype=bool)
         compute = np.zeros((steps, groups), dtype=bool)
         err = 0.0
@@ -295,22 +295,51 @@ def nested_plan(v: np.ndarray, speedup: float, guards: Guards, group_costs: np.n
             allowed, e = lagrangian_path(seg[g], allowed, price * costs[g])
             compute[:, g] = allowed
             err += e
-        return compute, err
+        return Plan(compute, costs, err)
 
-    def used(compute: np.ndarray) -> float:
-        return float((compute * costs[None]).sum())
+    at.price_scale = max(float(v.sum()), 1e-12) * steps  # a price of this order already reuses a lot
+    return at
 
-    lo, hi = 0.0, max(float(v.sum()), 1e-12) * steps
-    while used(plan(hi)[0]) > budget + 1e-9 and hi < 1e12:
+
+def price_edge(at, holds, iters: int = 40) -> tuple[float, float]:
+    """Where along a frontier ``at(price) -> Plan`` the property ``holds(plan)`` stops holding.
+
+    ``holds`` is true at price 0 (every step computed) and false from some price on (both searches below: "uses
+    more than the budget", "within the error bound"). Returns ``(lo, hi)``: a price where it holds and one where it
+    does not, ``iters`` halvings apart; ``(hi, hi)`` if it still holds at a price of 1e12.
+    """
+    hi = at.price_scale
+    while holds(at(hi)):
+        if hi >= 1e12:
+            return hi, hi
         hi *= 4.0
-    for _ in range(40):
+    lo = 0.0
+    for _ in range(iters):
         mid = 0.5 * (lo + hi)
-        if used(plan(mid)[0]) > budget + 1e-9:
+        if holds(at(mid)):
             lo = mid
         else:
             hi = mid
-    compute, err = plan(hi)
-    return Plan(compute, costs, err)
+    return lo, hi
+
+
+def nested_plan(v: np.ndarray, speedup: float, guards: Guards, group_costs: np.ndarray | None = None,
+                overhead: float = 0.0, weights: np.ndarray | None = None) -> Plan:
+    """The orientation and quantity planners with groups nested in execution order (the default).
+
+    The frontier of :func:`nested_frontier` searched for the cheapest price whose plan fits the compute budget
+    of the requested speedup (the plan with the most compute within the budget).
+    """
+    v, costs, budget = _setup(v, speedup, guards, group_costs, overhead)
+    steps, groups = v.shape
+    if budget is None:
+        return Plan(np.ones((steps, groups), dtype=bool), costs, 0.0)
+    at = nested_frontier(v, guards, costs, weights)
+    _, hi = price_edge(at, lambda plan: float((plan.compute * costs[None]).sum()) > budget + 1e-9)
+    return at(hi)
+
+
+nested_plan.frontier = nested_frontier
 
 
 def plan_error(v: np.ndarray, compute: np.ndarray, weights: np.ndarray | None = None) -> float:
@@ -390,13 +419,22 @@ def transformer_speedup(plan: Plan, overhead: float) -> float:
 
 def fastest_within(planner, v: np.ndarray, max_error: float, guards: Guards, group_costs: np.ndarray | None = None,
                    overhead: float = 0.0, weights: np.ndarray | None = None, tol: float = 0.01) -> tuple[Plan, float]:
-    """The fastest plan whose :func:`error_per_step` stays within ``max_error``, and the speedup it was planned at.
+    """The fastest plan whose :func:`error_per_step` stays within ``max_error``, and the speedup it stands for.
 
-    Bisection on the requested speedup between 1 (every block computed, no error) and the most the guards
-    allow: a planner's predicted error grows as its budget shrinks. ``planner`` is one of :data:`PLANNERS`.
+    A planner with a price frontier (``planner.frontier``, the nested planner's :func:`nested_frontier`) is
+    searched along it directly: one bisection on the price, as cheap as planning one requested speedup.
+    Any other planner is bisected on the requested speedup, between 1 (every block computed, no error) and the
+    most the guards allow, to ``tol`` (a planner's predicted error grows as its budget shrinks); that costs one
+    plan per halving. ``planner`` is one of :data:`PLANNERS`.
     """
     v = np.asarray(v, dtype=np.float64)
     top = max_speedup(v.shape[0], guards, overhead)
+    frontier = getattr(planner, "frontier", None)
+    if frontier is not None:
+        at = frontier(v, guards, group_costs, weights)
+        lo, hi = price_edge(at, lambda p: error_per_step(p) <= max_error)
+        plan = at(hi) if error_per_step(at(hi)) <= max_error else at(lo)  # hi still within: the guards' fastest
+        return plan, min(top, transformer_speedup(plan, overhead))
 
     def at(speedup: float) -> Plan:
         return planner(v, speedup, guards, group_costs, overhead, weights)
