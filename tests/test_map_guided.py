@@ -15,7 +15,7 @@ from kinegen.accelerators.catalog import accelerate
 from kinegen.caching import planner as P
 from kinegen.caching.map_guided import MapGuidedCacheConfig, apply_map_guided_cache
 from kinegen.caching.tvmap import TVMap, resample, spearman
-from kinegen.errors import ConfigError
+from kinegen.errors import ConfigError, FidelityWarning
 
 # ---------------------------------------------------------------------------- planners
 
@@ -303,6 +303,34 @@ def test_predictor_for_another_size_is_refused_or_stated(wan, tiny_predictor):
         _gen(wan, f"mapguided:speedup=2,max_error=inf,overhead=0,map=predicted,predictor={folder}", height=32, width=32)
 
 
+def test_outside_its_calibrated_guidance_the_predictor_is_not_trusted(wan, tiny_predictor):
+    """Outside the guidance scales it was calibrated at, the predicted map is not trusted: with max_error given,
+    map=auto records the map (and says why) and map=predicted is refused; without, the bound is off and the cache
+    computes everything with a warning. Inside, the predictor is used."""
+    from kinegen.models.map_predictor import MapPredictor
+
+    folder, _ = tiny_predictor
+    calibrated = MapPredictor.load(folder).config.trained_guidance
+    assert len(calibrated) == 1
+    other = calibrated[0] + 2.0
+    spec = f"mapguided:speedup=2,max_error=inf,overhead=0,predictor={folder}"
+    res = _gen(wan, spec, guidance=other)
+    assert res.accelerators[0]["map_source"].startswith("recorded")
+    assert f"calibrated at guidance {calibrated[0]:g}" in res.accelerators[0]["map_source"]
+    with pytest.raises(ConfigError, match="outside that range"):
+        _gen(wan, spec + ",map=predicted", guidance=other)
+    same = _gen(wan, spec, guidance=calibrated[0])
+    assert same.accelerators[0]["map_source"] == "predicted by the Map Predictor"
+    # without max_error the bound would rest on that unmeasured setting: caching is off, nothing is recorded
+    dense = _gen(wan, guidance=other, steps=20)
+    with pytest.warns(FidelityWarning, match="caching is off"):
+        off = _gen(wan, f"mapguided:overhead=0,predictor={folder}", guidance=other, steps=20)
+    st = off.accelerators[0]
+    assert st["map_source"].startswith("none:") and "caching is off" in st["warning"]
+    assert st["block_evaluations_executed"] == st["block_evaluations"]
+    np.testing.assert_array_equal(dense.frames, off.frames)
+
+
 def test_without_a_predictor_auto_falls_back_and_says_so(wan):
     res = _gen(wan, "mapguided:speedup=2,max_error=inf,overhead=0")
     assert "no trained Map Predictor ships for tiny-wan" in res.accelerators[0]["map_source"]
@@ -413,6 +441,31 @@ def test_fastest_within_is_the_fastest_plan_under_the_bound(bound):
         assert P.error_per_step(P.nested_plan(v, min(top, speedup + 0.02), guards)) > bound
     assert P.fastest_within(P.nested_plan, v, 0.0, guards)[0].compute.all()  # no error allowed: compute all
     assert P.fastest_within(P.nested_plan, v, float("inf"), guards)[1] == top
+
+
+def test_fastest_within_searches_the_nested_frontier_by_price():
+    """The nested planner is searched along its price frontier (one bisection): the plan is within the bound and
+    at least as fast as bisecting on the requested speedup (the generic search every planner gets)."""
+    guards = P.Guards(warmup=1, cooldown=1, max_reuse=4)
+    v = _random_map(20, 6, seed=7) / 10
+
+    def no_frontier(*a):
+        return P.nested_plan(*a)
+
+    calls = []
+
+    def counted(*a):
+        calls.append(1)
+        return P.nested_plan(*a)
+
+    for bound in (0.03, 0.1, 0.3):
+        plan, speedup = P.fastest_within(P.nested_plan, v, bound, guards)
+        generic, _ = P.fastest_within(no_frontier, v, bound, guards)
+        assert P.error_per_step(plan) <= bound
+        assert plan.compute_fraction <= generic.compute_fraction + 1e-9
+        assert speedup == pytest.approx(P.transformer_speedup(plan, 0.0))
+    P.fastest_within(counted, v, 0.1, guards)
+    assert len(calls) > 5  # the generic search plans once per halving of the speedup range
 
 
 def _bounded(wan, spec, steps=8):

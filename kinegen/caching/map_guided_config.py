@@ -40,8 +40,9 @@ class MapGuidedCacheConfig:
             moves the output, :func:`kinegen.caching.planner.error_per_step`). Unset: ``DEFAULT_MAX_ERROR``
             without a ``speedup`` (the default: a plan that does not visibly change the video), and
             ``HARD_MAX_ERROR`` with one: a speedup that would pass it is served at it, with a warning; both are
-            0 below ``MIN_BOUND_STEPS`` steps (caching off, with a warning). ``inf`` turns the bound off (a high
-            speedup can then change colours and shapes).
+            0 below ``MIN_BOUND_STEPS`` steps and at a guidance outside the range the model's predictor was
+            calibrated at (caching off, with a warning; :mod:`kinegen.caching.map_guided_sources`). ``inf`` turns
+            the bound off (a high speedup can then change colours and shapes).
         reuse: ``output``, ``residual`` or ``extrapolate`` (:mod:`kinegen.caching.map_guided_reuse`).
         map: ``auto``, ``predicted``, ``average``, ``recorded`` or ``oracle``
             (:mod:`kinegen.caching.map_guided_sources`).

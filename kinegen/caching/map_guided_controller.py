@@ -246,11 +246,14 @@ class MapGuidedCache:
         weights = None if self.sensitivity is None else planners.resample_profile(self.sensitivity, run.steps)
         bound = c.error_bound(run.steps)
         target = c.speedup
-        if bound <= 0.0 and c.max_error is None and target != 1.0:  # too few steps for the estimate: compute all
-            run.plan = self.planner(run.map, 1.0, c.guards, self.group_costs, overhead, weights)  # computes all
-            run.warning = (f"mapguided: at {run.steps} steps (fewer than {MIN_BOUND_STEPS}) the planner's error "
-                           "estimate does not hold: on the bundled model every plan measured at 10 steps changed "
-                           "objects' colours. Caching is off (1.00x); max_error=X or max_error=inf caches anyway.")
+        off = self.source.bound_off
+        if not off and bound <= 0.0 and c.max_error is None and target != 1.0:
+            off = (f"mapguided: at {run.steps} steps (fewer than {MIN_BOUND_STEPS}) the planner's error estimate does "
+                   "not hold: on the bundled model every plan measured at 10 steps changed objects' colours. Caching "
+                   "is off (1.00x); max_error=X or max_error=inf caches anyway.")
+        if off:  # the bound does not hold for this run: compute everything, and say so
+            run.plan = planners.Plan(np.ones((run.steps, len(self.groups)), dtype=bool), self.group_costs, 0.0)
+            run.warning = off
             warnings.warn(run.warning, FidelityWarning, stacklevel=2)
         elif target is not None:
             top = planners.max_speedup(run.steps, c.guards, overhead)

@@ -52,6 +52,7 @@ class MapSource:
     name = ""
     note = ""
     sensitivity: np.ndarray | None = None  # the step-sensitivity profile the planner weights drift by
+    bound_off = ""  # why the fidelity bound does not hold for this run ("": it does); then the cache computes all
 
     def prepare(self, pipe) -> None:
         """Work done once before the hooks are installed (a recording run)."""
@@ -89,6 +90,10 @@ class PredictedMap(MapSource):
         if predictor is not None and (size := _size_mismatch(predictor, ctx.run)):
             raise ConfigError(f"mapguided: {size}. Calibrate at this size (`kinegen calibrate ... "
                               "--height H --width W --frames F`) or use map=recorded.")
+        if predictor is not None and (guidance := _guidance_mismatch(predictor, ctx.run)):
+            raise ConfigError(f"mapguided: {guidance}. Calibrate at this guidance (`kinegen calibrate ... "
+                              "--guidance G`, then refit on all the maps.jsonl records together with --maps) or use "
+                              "map=recorded (map=auto does).")
         return cls(ctx, _required(predictor, why, ctx))
 
     def map_for(self, run) -> TVMap:
@@ -157,10 +162,21 @@ class OracleMap(RecordedMap):
 
 
 def auto_source(ctx: SourceContext) -> MapSource:
-    """``predicted`` when a predictor fits this model, size and weights; otherwise ``recorded``, saying why."""
+    """``predicted`` when a predictor fits this model, size, guidance and weights; otherwise ``recorded``, saying
+    why. A guidance outside the predictor's calibrated range also switches the fidelity bound off (no map is
+    recorded then, unless ``max_error`` is given: the cache computes everything)."""
     predictor, why = load_predictor(ctx)
     if predictor is not None and (size := _size_mismatch(predictor, ctx.run)):
         predictor, why = None, size
+    if predictor is not None and (guidance := _guidance_mismatch(predictor, ctx.run)):
+        if ctx.config.max_error is None and ctx.config.speedup != 1.0:
+            off = NoMap("off", f"none: {guidance}")
+            off.bound_off = (
+                f"mapguided: {guidance}. There the fidelity bound does not hold either (on the bundled model at "
+                "guidance 6, even a 1.3x plan changed objects' colours), so caching is off (1.00x). Calibrate the "
+                "predictor at this guidance, or give max_error=X (max_error=inf) to cache anyway on a recorded map.")
+            return off
+        predictor, why = None, guidance
     if predictor is not None:
         return PredictedMap(ctx, predictor)
     return RecordedMap(ctx, fallback=why)
@@ -257,6 +273,19 @@ def _size_mismatch(predictor, run: RunInfo) -> str:
         return (f"the Map Predictor was calibrated at (frames, height, width) {sizes}; this run's "
                 f"size {tuple(run.shape_key)} is not among them")
     return ""
+
+
+def _guidance_mismatch(predictor, run: RunInfo) -> str:
+    """Why the predictor's calibration guidance scales exclude this run's guidance ("" when they do not)."""
+    seen = predictor.config.trained_guidance
+    if not seen:
+        return ""
+    g = 1.0 if run.guidance_scale is None else float(run.guidance_scale)
+    if min(seen) - 1e-6 <= g <= max(seen) + 1e-6:
+        return ""
+    return (f"the Map Predictor was calibrated at guidance {', '.join(f'{x:g}' for x in seen)}; this run's "
+            f"guidance {g:g} is outside that range, where its maps are not trusted (the shipped predictor's missed a "
+            "third of the true drift at guidance 6)")
 
 
 def _required(predictor, why: str, ctx: SourceContext):

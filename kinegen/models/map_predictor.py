@@ -45,6 +45,10 @@ class MapPredictorConfig:
     group_size: int = 1
     trained_sizes: list[list[int]] = dataclasses.field(default_factory=list)  # [frames, height, width]
     trained_steps: list[int] = dataclasses.field(default_factory=list)
+    # guidance scales of the calibration runs; empty = not recorded (no check). Outside their range the
+    # predicted maps do not hold (benchmarks/caching.md: at guidance 6 the shipped predictor, calibrated at 4,
+    # predicted two thirds of the true drift), so map=auto records the map instead.
+    trained_guidance: list[float] = dataclasses.field(default_factory=list)
     metrics: dict = dataclasses.field(default_factory=dict)
     # how much an error made at each step moves the final output, per unit of map drift, on normalised
     # time (kinegen.training.calibrate.measure_sensitivity); empty when not measured

@@ -161,7 +161,8 @@ def fit_predictor(records: list[dict], *, model_key: str, transformer_class: str
         hidden=hidden, rank=rank, model_key=model_key, transformer_class=transformer_class,
         group_names=list(first["groups"]), group_size=group_size,
         trained_sizes=sorted({tuple(r["size"]) for r in records}),
-        trained_steps=sorted({int(r["steps"]) for r in records}))
+        trained_steps=sorted({int(r["steps"]) for r in records}),
+        trained_guidance=sorted({float(1.0 if r.get("guidance") is None else r["guidance"]) for r in records}))
     cfg.trained_sizes = [list(s) for s in cfg.trained_sizes]
     model = MapPredictor(cfg)
     model.feature_mean.copy_(feats.mean(0))
