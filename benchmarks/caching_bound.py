@@ -4,7 +4,10 @@
         --speedups 1.5,2,2.5,3,3.5 --output benchmarks/results/caching_bound/steps20_seed5.json
     .venv/bin/python benchmarks/caching_bound.py --steps 20 --prompts 16 --seed 6 \
         --configs "mapguided|mapguided:speedup=2.5" --output benchmarks/results/caching_bound/default_steps20_seed6.json
-    .venv/bin/python benchmarks/caching_bound.py --table benchmarks/results/caching_bound/*.json   # tables again
+    .venv/bin/python benchmarks/caching_bound.py --steps 20 --guidance 6 --prompts 12 --seed 5 --speedups 1.5,2,2.5 \
+        --configs "mapguided|mapguided:max_error=0.08" \
+        --output benchmarks/results/caching_bound/steps20_guidance6_seed5.json
+    .venv/bin/python benchmarks/caching_bound.py --table benchmarks/results/caching_bound/steps*.json   # tables again
 
 For each held-out adherence prompt (``kinegen.evaluation.adherence.adherence_prompts(n, "held_out", seed)``:
 attribute combinations never trained on, with their true shape, colour and motion), one dense run and one
@@ -26,6 +29,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="kinegen-shapes-t2v")
     ap.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's)")
+    ap.add_argument("--guidance", type=float, default=None, help="guidance scale (default: the model's)")
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--seed", type=int, default=5, help="prompt set (0-2 are the adherence tables' sets)")
     ap.add_argument("--speedups", default="", help="comma-separated mapguided speedups run with the bound off "
@@ -37,8 +41,9 @@ def main() -> None:
     if args.table:
         for path in args.table:
             out = json.loads(Path(path).read_text())
-            print(f"\n{path}: {out['model']}, {out['steps']} steps, prompt set {out['seed']}, {out['prompts']} "
-                  f"prompts\n\n{table(out)}")
+            guidance = f", guidance {out['guidance']:g}" if "guidance" in out else ""
+            print(f"\n{path}: {out['model']}, {out['steps']} steps{guidance}, prompt set {out['seed']}, "
+                  f"{out['prompts']} prompts\n\n{table(out)}")
         return
     if not args.output:
         ap.error("give --output (or --table)")
@@ -57,6 +62,8 @@ def main() -> None:
     pipe.set_progress_bar_config(disable=True)
     clf = load_classifier()
     fields = {"steps": args.steps} if args.steps else {}
+    if args.guidance is not None:
+        fields["guidance"] = args.guidance
     runs = []
     t0 = time.perf_counter()
     for i, (prompt, truth) in enumerate(adherence_prompts(args.prompts, "held_out", args.seed)):
@@ -79,6 +86,7 @@ def main() -> None:
             })
         print(f"[{i + 1}/{args.prompts}] {time.perf_counter() - t0:.0f} s", flush=True)
     out = {"model": args.model, "steps": args.steps or pipe.kinegen_spec.steps, "seed": args.seed,
+           "guidance": pipe.kinegen_spec.guidance if args.guidance is None else args.guidance,
            "prompts": args.prompts, "configs": configs, "runs": runs}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.output, json.dumps(out, indent=1) + "\n")

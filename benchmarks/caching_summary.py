@@ -8,7 +8,11 @@ speedups and the diffusers caches at several settings), ``ablation_simple/report
 ``ablation_complex/report.json`` (predicted vs average map, DP vs greedy planner), ``adherence/*.json``
 (kinegen eval adherence outputs) and the predictor's ``calibration.json``. With ``--speedup-of CONFIG`` it
 prints only that configuration's measured transformer speedup in ``main/`` (run_caching.sh requests
-mapguided at the peers' measured speedups this way).
+mapguided at the peers' measured speedups this way). With ``--profile DIR...`` it prints, for each
+``kinegen profile`` folder (e.g. ``results/caching_bound/peers20``), the configurations with what the adherence
+classifier read against dense and mapguided's plan, then the matched-speedup table.
+
+    python benchmarks/caching_summary.py --profile benchmarks/results/caching_bound/peers{20,30,50}
 """
 
 from __future__ import annotations
@@ -85,6 +89,25 @@ def matched(report: dict) -> list[str]:
     return lines
 
 
+def peers_table(report: dict) -> list[str]:
+    """Every configuration of a profile run: speed, fidelity, adherence against dense and mapguided's plan."""
+    from kinegen.profiling.report import _adherence_cell
+
+    lines = ["| config | transformer speedup | PSNR dB | SSIM | adherence vs dense | mapguided plan |",
+             "|---|---|---|---|---|---|"]
+    for r in report["runs"]:
+        if r["config"] == "dense":
+            continue
+        st = _mg(r)
+        plan = ""
+        if st.get("planned_compute_fraction") is not None:
+            plan = (f"{st['planned_compute_fraction']:.0%} of blocks, {st.get('predicted_error_per_step', 0):.3f} "
+                    "per step" + ("; warned, served at the limit" if st.get("warning") else ""))
+        lines.append(f"| `{r['config']}` | {r['transformer_speedup']:.2f}x | {r['psnr_db']:.2f} | {r['ssim']:.4f} | "
+                     f"{_adherence_cell(r.get('adherence'))} | {plan} |")
+    return lines
+
+
 def ablation(report: dict) -> list[str]:
     lines = ["| config | computed blocks | transformer speedup | PSNR dB | SSIM | predicted error |",
              "|---|---|---|---|---|---|"]
@@ -154,8 +177,15 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folder", nargs="?", default="benchmarks/results/caching")
     ap.add_argument("--speedup-of", metavar="CONFIG", help="print this configuration's measured transformer speedup")
+    ap.add_argument("--profile", nargs="+", metavar="DIR", help="print the tables of these kinegen profile folders")
     args = ap.parse_args()
-    if args.speedup_of:
+    if args.profile:
+        for folder in args.profile:
+            report = json.loads((Path(folder) / "report.json").read_text())
+            steps = report.get("settings", {}).get("steps", "?")
+            print(f"\n{folder} ({steps} steps)\n\n" + "\n".join(peers_table(report)) + "\n\n"
+                  + "\n".join(matched(report)))
+    elif args.speedup_of:
         print(f"{speedup_of(args.folder, args.speedup_of):.2f}")
     else:
         main(args.folder)
