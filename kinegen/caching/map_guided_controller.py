@@ -106,6 +106,7 @@ class _RunState:
     overhead_used: float | None = None
     capped_to: float | None = None
     chosen_speedup: float | None = None  # the transformer speedup the plan stands for
+    bound: float | None = None  # the fidelity bound the plan was made under (0 when caching is off for the run)
     warning: str = ""  # what was done to a speed request beyond the fidelity bound
     predict_s: float = 0.0
     plan_s: float = 0.0
@@ -251,6 +252,7 @@ class MapGuidedCache:
             off = (f"mapguided: at {run.steps} steps (fewer than {MIN_BOUND_STEPS}) the planner's error estimate does "
                    "not hold: on the bundled model every plan measured at 10 steps changed objects' colours. Caching "
                    "is off (1.00x); max_error=X or max_error=inf caches anyway.")
+        run.bound = 0.0 if off else bound
         if off:  # the bound does not hold for this run: compute everything, and say so
             run.plan = planners.Plan(np.ones((run.steps, len(self.groups)), dtype=bool), self.group_costs, 0.0)
             run.warning = off
@@ -406,7 +408,7 @@ class MapGuidedCache:
         total = run.executed + run.reused
         out.update({
             "requested_speedup": self.config.speedup,
-            "max_error": self.config.error_bound(run.steps),
+            "max_error": self.config.error_bound(run.steps) if run.bound is None else run.bound,
             "chosen_speedup": run.chosen_speedup,
             "steps": run.steps,
             "achieved_compute_fraction": run.executed / total if total else 1.0,
