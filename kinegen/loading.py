@@ -22,7 +22,16 @@ from .errors import ConfigError, IncompleteModelFolderError, KinegenError, Model
 from .registry import MODELS, ModelSpec, get_model_spec
 from .text import env_flag
 
-ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets"
+
+def _assets_dir() -> Path:
+    """The bundled models and predictors: ``kinegen/assets`` in an installed wheel (setup.py copies them there),
+    ``assets/`` beside the package in the repository."""
+    here = Path(__file__).resolve().parent
+    packaged = here / "assets"
+    return packaged if packaged.is_dir() else here.parent / "assets"
+
+
+ASSETS_DIR = _assets_dir()
 MODELS_DIR_ENV = "KINEGEN_MODELS_DIR"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
