@@ -89,10 +89,19 @@ def test_cli_default_output_name(tmp_path, monkeypatch):
     assert (tmp_path / "a-red-circle-seed4.mp4").is_file()
 
 
+def test_generate_help_lists_every_accelerator_of_each_kind():
+    from kinegen.accelerators.catalog import list_accelerators
+    from kinegen.cli import generate
+
+    assert set(generate.CACHE_NAMES) == {a.name for a in list_accelerators("cache")}
+    assert set(generate.ATTENTION_NAMES) == {a.name for a in list_accelerators("attention")}
+
+
 def test_installed_entry_point_help():
     done = subprocess.run([sys.executable, "-m", "kinegen.cli", "generate", "--help"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0
     for flag in ["--model", "--output", "--seed", "--height", "--width", "--frames", "--steps", "--guidance",
-                 "--negative-prompt", "--cache"]:
+                 "--negative-prompt", "--cache", "--attention"]:
         assert flag in done.stdout
+    assert "hva,kmeans-sparse,dense-attention" in "".join(done.stdout.split())  # argparse wraps at hyphens

@@ -44,7 +44,8 @@ def parse_spec(spec: str | Any, kind: str | None = None) -> tuple[Accelerator, A
         config = spec
     if kind is not None and acc.kind != kind:
         names = ", ".join(a.name for a in list_accelerators(kind))
-        raise ConfigError(f"{acc.name} is a {acc.kind} accelerator; a {kind} accelerator was expected ({names}).")
+        raise ConfigError(f"{acc.name} is {_a(acc.kind)} {acc.kind} accelerator; {_a(kind)} {kind} accelerator was "
+                          f"expected ({names}).")
     return acc, (config if config is not None else build_config(acc, options))
 
 
@@ -82,3 +83,8 @@ def accelerate(pipe, *specs: str | Any, run: RunInfo | None = None) -> list[Acce
             h.remove()
         raise
     return handles
+
+
+def _a(word: str) -> str:
+    """The indefinite article before ``word`` ("a cache", "an attention")."""
+    return "an" if word[:1].lower() in "aeiou" else "a"

@@ -29,6 +29,11 @@ _TEXT_ONLY = ("cache", "--cache"), ("attention", "--attention"), ("heatmap", "--
     ("true_cfg_scale", "--true-cfg-scale"), ("image", "--image")
 _GAN_DEFAULTS = {"num_images": 16, "truncation": 1.0, "upscale": 4}
 
+# The accelerators by kind, as `kinegen.accelerators.catalog.list_accelerators` lists them. Written out so that
+# `--help` stays fast (the catalogue imports torch and diffusers); tests/test_generate.py keeps them equal.
+CACHE_NAMES = ("mapguided", "first-block", "taylorseer", "mag", "pab", "faster")
+ATTENTION_NAMES = ("hva", "kmeans-sparse", "dense-attention")
+
 
 def add_parser(subparsers) -> None:
     from ..registry import DEFAULT_MODEL
@@ -58,10 +63,11 @@ def add_parser(subparsers) -> None:
                      help="enlarge each image K times (nearest neighbour) in the grid (default: %(default)s)")
     gen.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     gen.add_argument("--cache", metavar="NAME[:k=v,...]",
-                     help="a caching accelerator: mapguided, first-block, taylorseer, mag, pab, faster (see "
+                     help=f"a caching accelerator: {', '.join(CACHE_NAMES)} (keys and defaults: "
                           "`kinegen models --accelerators`)")
     gen.add_argument("--attention", metavar="NAME[:k=v,...]",
-                     help="an attention accelerator: dense-attention:backend=... (see `kinegen models --accelerators`)")
+                     help=f"an attention accelerator: {', '.join(ATTENTION_NAMES)} (keys and defaults: "
+                          "`kinegen models --accelerators`)")
     gen.add_argument("--heatmap", metavar="PNG",
                      help="with --cache mapguided: also write the run's TVMap and caching plan as a heatmap")
     gen.add_argument("--json", action="store_true", help="print the timing summary as JSON")
