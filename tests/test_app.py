@@ -89,7 +89,9 @@ def running_app(tmp_path_factory):
     app.close()
 
 
-def test_app_generates_through_gradio_client_and_survives_bad_input(running_app):
+def test_app_generates_through_gradio_client_and_survives_bad_input(running_app, capfd, caplog):
+    import logging
+
     from gradio_client import Client
 
     from kinegen.evaluation.adherence import classify, load_classifier
@@ -100,13 +102,20 @@ def test_app_generates_through_gradio_client_and_survives_bad_input(running_app)
     params = [p["parameter_name"] for p in client.view_api(return_format="dict")["named_endpoints"]["/generate"]
               ["parameters"]]
     assert params[:2] == ["prompt", "seed"] and "cache" in params
-    with pytest.raises(Exception, match="steps is above this server's limit of 30"):
-        client.predict(prompt="a red circle moving right", seed=0, steps=500, api_name="/generate")
-    with pytest.raises(Exception, match="frame counts of the form 4k"):
-        client.predict(prompt="a red circle moving right", seed=0, frames=10, api_name="/generate")
+    capfd.readouterr()
+    with caplog.at_level(logging.INFO, logger="kinegen.app"):
+        with pytest.raises(Exception, match="steps is above this server's limit of 30"):
+            client.predict(prompt="a red circle moving right", seed=0, steps=500, api_name="/generate")
+        with pytest.raises(Exception, match="frame counts of the form 4k"):
+            client.predict(prompt="a red circle moving right", seed=0, frames=10, api_name="/generate")
+    # the operator's log: one line per refused request, no traceback
+    refused = [r.getMessage() for r in caplog.records if r.name == "kinegen.app"]
+    assert refused[0] == "request refused: 500 steps is above this server's limit of 30." and len(refused) == 2
+    assert "Traceback" not in capfd.readouterr().err
     result = client.predict(prompt="a red circle moving to the right on a gray background", seed=0,
                             api_name="/generate")
-    path = result["video"] if isinstance(result, dict) else result
+    assert isinstance(result, str)  # a local path to the mp4, as docs/app.md says
+    path = result
     frames = read_video(path)
     assert frames.shape == (17, 128, 128, 3)
     pred = classify(load_classifier(), frames)

@@ -3,6 +3,7 @@ with a queue, a rate limit and optional logins from ``--auth``/``--auth-file``."
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 
@@ -71,5 +72,11 @@ def run(args) -> int:
                        auth=read_auth(args))
     print(f"Kinegen app on http://{args.host}:{args.port}/ (outputs in {config.output_dir.resolve()}); Ctrl+C stops it",
           flush=True)
+    # The operator's log (Kinegen's loggers only; not the HTTP libraries' request lines): one line per refused
+    # request, a traceback only for a failure that is a bug.
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logging.getLogger("kinegen").addHandler(handler)
+    logging.getLogger("kinegen").setLevel(logging.INFO)
     launch_app(config, host=args.host, port=args.port)
     return 0

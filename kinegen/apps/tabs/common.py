@@ -60,13 +60,16 @@ def user_name(request) -> str:
 
 
 def page_error(e: Exception):
-    """A message for the page: ours as they are, anything else named and logged (the app keeps running)."""
+    """A message for the page. A user's error (ours, or a ``gr.Error`` raised by a tab) is shown as it is and
+    logged as one line, without a traceback; anything else is a bug: named on the page, logged with its
+    traceback (the app keeps running)."""
     import gradio as gr
 
-    if isinstance(e, gr.Error):
-        return e
-    if isinstance(e, KinegenError):
-        return gr.Error(str(e))
+    if isinstance(e, gr.Error | KinegenError):
+        message = e.message if isinstance(e, gr.Error) else str(e)
+        log.info("request refused: %s", " ".join(message.split()))
+        # print_exception=False: Gradio's queue would otherwise print a traceback for every refused request
+        return gr.Error(message, print_exception=False)
     log.exception("run failed")
     return gr.Error(f"The run failed ({type(e).__name__}: {e}). The server is still up; try other settings.")
 
