@@ -1,4 +1,5 @@
-"""Small text helpers shared by every entry point: one true/false parser, one output-name slug, JSON-safe values."""
+"""Small text helpers shared by every entry point: one true/false parser, one output-name slug, JSON-safe values,
+and accelerator stats and settings for people."""
 
 from __future__ import annotations
 
@@ -44,3 +45,18 @@ def json_safe(obj):
 def slug(text: str, max_len: int = 48) -> str:
     """A file-name-safe stem from free text: ``"A red circle!"`` -> ``"a-red-circle"`` (``"output"`` if empty)."""
     return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-")[:max_len].strip("-") or "output"
+
+
+def stat_items(stats: dict) -> list[tuple[str, str]]:
+    """An accelerator's scalar stats as ``(name, text)`` pairs for people: floats to 3 significant digits; the
+    name, the settings, the warning (each shown apart), lists, dicts and unset values left out."""
+    return [(k, f"{v:.3g}" if isinstance(v, float) else str(v)) for k, v in stats.items()
+            if k not in ("name", "config", "warning") and v is not None and not isinstance(v, (list, dict))]
+
+
+def settings_text(config: dict) -> str:
+    """An accelerator's settings as a spec would write them (``reuse=residual,map=auto``; unset ones left out)."""
+    def text(v) -> str:
+        return str(v).lower() if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v)
+
+    return ",".join(f"{k}={text(v)}" for k, v in config.items() if v is not None and v != "")

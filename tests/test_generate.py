@@ -83,6 +83,25 @@ def test_cli_cache_flag_and_json_summary(tmp_path, capsys):
     assert read_video(out).shape[0] == 9
 
 
+def test_cli_prints_accelerator_settings_and_stats_for_people(tmp_path, capsys):
+    from kinegen.text import settings_text, stat_items
+
+    assert settings_text({"speedup": 2.0, "max_error": None, "reuse": "residual", "sensitivity": True,
+                          "predictor": ""}) == "speedup=2,reuse=residual,sensitivity=true"
+    assert stat_items({"name": "x", "config": {}, "warning": "w", "chosen_speedup": 1.23456, "steps": 8,
+                       "map": [[1.0]], "capped": None}) == [("chosen_speedup", "1.23"), ("steps", "8")]
+    out = tmp_path / "v.mp4"
+    assert main(["generate", "a red circle", "--model", "tiny-wan", "--steps", "4", "-o", str(out),
+                 "--cache", "mapguided:speedup=2,max_error=inf,map=recorded"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("accelerator mapguided:"))
+    assert "speedup=2,max_error=inf,reuse=residual,map=recorded" in lines[head] and "{" not in lines[head]
+    stats = lines[head + 1:]
+    assert len(stats) > 10 and "  max_error: inf" in stats
+    assert any(line.startswith("  chosen_speedup: ") and float(line.split(": ")[1]) > 1 for line in stats)
+    assert all(line.startswith("  ") and ": " in line and "[" not in line for line in stats)
+
+
 def test_cli_default_output_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["generate", "A Red Circle!", "--model", "tiny-wan", "--steps", "2", "--seed", "4"]) == 0

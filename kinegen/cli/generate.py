@@ -9,7 +9,7 @@ import time
 import warnings
 from pathlib import Path
 
-from ..text import json_safe
+from ..text import json_safe, settings_text, stat_items
 from .common import (
     EPILOG_ACCEL,
     accelerator_flags,
@@ -153,8 +153,9 @@ def run(args) -> int:
           f"({t['transformer_calls']} calls) | VAE decode {t['vae_decode']:.2f} s | other {t['other']:.2f} s | "
           f"generation total {t['total']:.2f} s | write {write_s:.2f} s")
     for st in result.accelerators:
-        extra = {k: v for k, v in st.items() if k not in ("name", "config", "warning") and not isinstance(v, list)}
-        print(f"accelerator {st['name']}: {st['config']}" + (f" {extra}" if extra else ""))
+        print(f"accelerator {st['name']}: {settings_text(st['config']) or 'defaults'}")
+        for name, text in stat_items(st):
+            print(f"  {name}: {text}")
         if st.get("warning"):
             print(f"warning: {st['warning']}", file=sys.stderr)
         if args.heatmap and st["name"] == "mapguided" and st.get("map"):

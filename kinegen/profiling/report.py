@@ -13,7 +13,7 @@ import numpy as np
 
 from ..media import atomic_path, to_uint8, write_image, write_video
 from ..plotting import plot_latency, plot_speedup_vs_psnr, save_heatmap
-from ..text import json_safe, slug
+from ..text import json_safe, slug, stat_items
 
 if TYPE_CHECKING:
     from .runner import ProfileReport
@@ -63,9 +63,9 @@ def markdown_table(report: ProfileReport) -> str:
     if notes:
         lines += ["Accelerator stats (last timed run of each configuration):", ""]
         for label, st in notes:
-            scalars = ", ".join(f"{k} {_fmt(v, '.3g') if isinstance(v, float) else v}" for k, v in st.items()
-                                if k not in ("name", "config") and not isinstance(v, (list, dict)) and v is not None)
-            lines.append(f"- `{label}`: {scalars}")
+            scalars = ", ".join(f"{k} {v}" for k, v in stat_items(st))
+            warning = f" **Warning:** {st['warning']}" if st.get("warning") else ""
+            lines.append(f"- `{label}`: {scalars}{warning}")
         lines.append("")
     return "\n".join(lines)
 

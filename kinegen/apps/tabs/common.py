@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 from ...errors import KinegenError
+from ...text import stat_items
 from ..service import AppConfig, Service
 
 log = logging.getLogger("kinegen.app")
@@ -100,9 +101,7 @@ def timing_markdown(out: dict[str, Any]) -> str:
     for st in out["stats"]:
         if st.get("warning"):
             md = f"**Warning:** {st['warning']}\n\n" + md
-        scalars = {k: v for k, v in st.items() if k not in ("name", "config", "warning")
-                   and isinstance(v, (int, float, str))}
-        if scalars:
-            shown = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in scalars.items())
+        shown = ", ".join(f"{k}={v}" for k, v in stat_items(st))
+        if shown:
             md += f"\n\n`{st['name']}`: {shown}"
     return md
