@@ -432,8 +432,8 @@ def fastest_within(planner, v: np.ndarray, max_error: float, guards: Guards, gro
     frontier = getattr(planner, "frontier", None)
     if frontier is not None:
         at = frontier(v, guards, group_costs, weights)
-        lo, hi = price_edge(at, lambda p: error_per_step(p) <= max_error)
-        plan = at(hi) if error_per_step(at(hi)) <= max_error else at(lo)  # hi still within: the guards' fastest
+        lo, _ = price_edge(at, lambda p: error_per_step(p) <= max_error)
+        plan = at(lo)  # the largest price within the bound (the guards' fastest plan when even 1e12 is within)
         return plan, min(top, transformer_speedup(plan, overhead))
 
     def at(speedup: float) -> Plan:
