@@ -58,7 +58,7 @@ def main() -> None:
         if folder is None:
             raise SystemExit(f"{args.model} is not a local diffusers folder")
         args.vae = [str(folder / "vae")]
-    vaes = {name: AutoencoderKLWan.from_pretrained(name).eval() for name in args.vae}
+    vaes = {name: AutoencoderKLWan.from_pretrained(name, use_safetensors=True).eval() for name in args.vae}
     classifier = load_classifier(args.classifier)
     rows = []
     with torch.no_grad():

@@ -44,7 +44,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--output", default="benchmarks/results/gan/latency.json")
     args = ap.parse_args()
-    pipe = MPGANPipeline.from_pretrained(args.model)
+    pipe = MPGANPipeline.from_pretrained(args.model, use_safetensors=True)
     res, n_cls = pipe.gan.config.resolution, pipe.gan.config.num_classes
     unet, sample = unet_sampler(res, n_cls)
     g_params = sum(p.numel() for p in pipe.gan.parameters())

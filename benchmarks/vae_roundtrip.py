@@ -52,7 +52,7 @@ def main():
     torch.set_num_threads(args.threads)
     from diffusers import AutoencoderKLWan
 
-    vae = AutoencoderKLWan.from_pretrained(args.vae).eval()
+    vae = AutoencoderKLWan.from_pretrained(args.vae, use_safetensors=True).eval()
     if args.clip_seeds:
         specs = [sample_clip(int(s)) for s in args.clip_seeds.split(",")]
     else:

@@ -44,3 +44,24 @@ class ConfigError(KinegenError, ValueError):
 class FidelityWarning(UserWarning):
     """An accelerator served a request differently from how it was asked, to keep the output intact (for
     example a caching speedup lowered to the fidelity bound); the message says what was done."""
+
+
+class PromptWarning(UserWarning):
+    """The prompt has words the model's tokenizer cannot read (they become its unknown token), so the output will
+    not follow them; the message names them."""
+
+
+class CorruptModelFileError(ModelNotFoundError):
+    """A model folder is complete, but a weights file in it is truncated or corrupt."""
+
+
+class DiskFullError(KinegenError):
+    """The disk filled while an output was being written (the earlier file at that path is untouched)."""
+
+
+class OutOfMemory(KinegenError):
+    """A run or a load ran out of GPU (or CPU) memory; what could be freed has been freed."""
+
+
+class RunCancelled(KinegenError):
+    """A run was stopped before it finished (the app's Stop, or its client went away); nothing was written."""

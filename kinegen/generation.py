@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,8 @@ import torch
 from .accelerators.base import RunInfo
 from .accelerators.catalog import accelerate
 from .adapters import ModelAdapter
-from .errors import InvalidRequestError
+from .errors import InvalidRequestError, PromptWarning
+from .memory import out_of_memory_guard
 from .registry import ModelSpec
 
 MAX_PROMPT_CHARS = 2000
@@ -72,6 +75,7 @@ class GenerationResult:
     request: GenerationRequest
     timings: dict[str, float]
     accelerators: list[dict[str, Any]]
+    warnings: list[str] = dataclasses.field(default_factory=list)  # about the request (unknown prompt words)
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write an mp4 (video) or an image file, atomically."""
@@ -193,6 +197,7 @@ class GenerationJob:
     spec: ModelSpec
     adapter: ModelAdapter
     request: GenerationRequest
+    warnings: tuple[str, ...] = ()  # about the request, e.g. prompt words the model cannot read
 
     @property
     def kind(self) -> str:
@@ -232,7 +237,43 @@ def prepare(pipe, prompt: str | GenerationRequest, **fields) -> GenerationJob:
                                   "Use kinegen.generate_class_images(pipe, class_labels=[...]) or "
                                   "`kinegen generate --model ... --class NAME`.")
     request = prompt if isinstance(prompt, GenerationRequest) else GenerationRequest(prompt=prompt, **fields)
-    return GenerationJob(pipe, spec, adapter, _fill_and_check(spec, adapter, pipe, request))
+    request = _fill_and_check(spec, adapter, pipe, request)
+    notes = tuple(_vocabulary_warnings(pipe, spec, request))
+    for note in notes:
+        warnings.warn(note, PromptWarning, stacklevel=2)
+    return GenerationJob(pipe, spec, adapter, request, notes)
+
+
+def unknown_words(pipe, text: str | None) -> list[str]:
+    """The words of ``text`` that the pipeline's tokenizer reads as its unknown token, in order.
+
+    A word-level vocabulary (the bundled model's) has an unknown token for every word outside it; byte-level BPE
+    (CLIP) has none and returns []; SentencePiece (T5) has one only for characters it cannot spell. Punctuation is
+    left out: the bundled model reads it as unknown too, but a warning about commas would drown the words.
+    """
+    tok = getattr(pipe, "tokenizer", None)
+    unk = getattr(tok, "unk_token_id", None)
+    if tok is None or unk is None or not text:
+        return []
+    words = dict.fromkeys(re.findall(r"\w+", text.lower()))
+    return [w for w in words if unk in tok(w, add_special_tokens=False)["input_ids"]]
+
+
+def _vocabulary_warnings(pipe, spec: ModelSpec, request: GenerationRequest) -> list[str]:
+    """One warning per prompt with unknown words, naming them (and, for a small vocabulary, listing it)."""
+    notes = []
+    for what, text in (("prompt", request.prompt), ("negative prompt", request.negative_prompt)):
+        unknown = unknown_words(pipe, text)
+        if not unknown:
+            continue
+        msg = (f"{spec.name} does not know the {what}'s words {', '.join(repr(w) for w in unknown)} (its tokenizer "
+               f"reads them as {pipe.tokenizer.unk_token}); the output will not follow them.")
+        vocab = pipe.tokenizer.get_vocab()
+        if len(vocab) <= 200:  # a small word-level vocabulary: say what it does know
+            known = sorted(w for w in vocab if w.isalpha())
+            msg += f" The words it knows: {' '.join(known)}."
+        notes.append(msg)
+    return notes
 
 
 def _run_pipeline(pipe, kwargs: dict[str, Any]) -> np.ndarray:
@@ -258,14 +299,14 @@ def run_job(job: GenerationJob, accelerators=(), step_callback=None) -> Generati
         kwargs["callback_on_step_end"] = on_step_end
     handles = accelerate(job.pipe, *accelerators, run=job.run_info())
     try:
-        with StageTimer(job.pipe) as timer:
+        with out_of_memory_guard(job.request), StageTimer(job.pipe) as timer:  # OOM: one message, memory freed
             frames = _run_pipeline(job.pipe, kwargs)
         stats = [h.stats() for h in handles]
     finally:
         for h in reversed(handles):
             h.remove()
     return GenerationResult(frames=frames, kind=job.kind, fps=job.fps, request=job.request,
-                            timings=timer.summary(), accelerators=stats)
+                            timings=timer.summary(), accelerators=stats, warnings=list(job.warnings))
 
 
 def generate(pipe, prompt: str | GenerationRequest, *, accelerators=(), step_callback=None,

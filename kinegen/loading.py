@@ -18,7 +18,15 @@ from typing import Any
 import torch
 
 from .adapters import ModelAdapter, adapter_for_pipeline_class
-from .errors import ConfigError, IncompleteModelFolderError, KinegenError, ModelNotFoundError, UnsupportedModelError
+from .errors import (
+    ConfigError,
+    CorruptModelFileError,
+    IncompleteModelFolderError,
+    KinegenError,
+    ModelNotFoundError,
+    UnsupportedModelError,
+)
+from .memory import out_of_memory_guard
 from .registry import MODELS, ModelSpec, get_model_spec
 from .text import env_flag
 
@@ -93,6 +101,45 @@ def _has_weights(folder: Path) -> tuple[bool, str]:
     if any(folder.glob("*.bin")) or any(folder.glob("*.pt")) or any(folder.glob("*.ckpt")):
         return False, "safetensors weights (only pickle .bin/.pt files found; Kinegen loads safetensors only)"
     return False, "weights (*.safetensors)"
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why a ``.safetensors`` file cannot be loaded (truncated, corrupt header), or None. Reads the header only."""
+    size = path.stat().st_size
+    if size < 8:
+        return f"{size} bytes: shorter than a safetensors header"
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        if n > size - 8:
+            return f"its header length field says {n} bytes, the file has {size}: truncated or a corrupt header"
+        if n > 100_000_000:  # safetensors' own limit; do not read gigabytes of a corrupt file as JSON
+            return f"its header length field says {n} bytes, above safetensors' limit: a corrupt header"
+        try:
+            header = json.loads(f.read(n))
+            end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            return "its header is not valid safetensors JSON: corrupt"
+    if size != 8 + n + end:
+        what = "truncated" if size < 8 + n + end else "corrupt"
+        return f"{what}: {size} bytes where its header lists {8 + n + end}"
+    try:  # what the header check above does not cover (dtypes, overlapping offsets...)
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt"):
+            pass
+    except Exception as e:
+        return f"corrupt: {str(e).strip() or type(e).__name__}"
+    return None
+
+
+def check_weight_files(folder: str | os.PathLike) -> list[str]:
+    """Every ``.safetensors`` file of a pipeline folder that is truncated or corrupt, as
+    ``"transformer/diffusion_pytorch_model.safetensors (why)"`` (empty if all are sound)."""
+    return [f"{path.relative_to(folder)} ({why})" for path, why in _weight_problems(Path(folder))]
+
+
+def _weight_problems(folder: Path) -> list[tuple[Path, str]]:
+    return [(p, why) for p in sorted(folder.glob("*/*.safetensors")) if (why := _safetensors_problem(p)) is not None]
 
 
 def check_model_folder(folder: str | os.PathLike) -> list[str]:
@@ -350,13 +397,21 @@ def load_pipeline(
     else:
         folder = resolved.folder or fetch_from_hub(resolved.repo_id, spec.name if spec else None)
         spec = spec or _spec_for_folder(folder, resolved.repo_id)
-        pipe = _from_folder(folder, dt)
-    if offload == "model":
-        pipe.enable_model_cpu_offload(device=dev)
-    elif offload == "sequential":
-        pipe.enable_sequential_cpu_offload(device=dev)
-    else:
-        pipe.to(dev)
+        bad = _weight_problems(Path(folder))  # before diffusers, which says little about a truncated file
+        if bad:
+            what = (f"The weights file {bad[0][0]} is truncated or corrupt ({bad[0][1]})." if len(bad) == 1 else
+                    f"{len(bad)} weights files in {folder} are truncated or corrupt: "
+                    + "; ".join(f"{p.relative_to(folder)} ({why})" for p, why in bad) + ".")
+            raise CorruptModelFileError(f"{what} {_corrupt_hint(folder, resolved.repo_id or spec.repo_id)}")
+        with out_of_memory_guard(doing=f"loading {spec.name} on {dev}", hint=_LOAD_OOM_HINT):
+            pipe = _from_folder(folder, dt)
+    with out_of_memory_guard(doing=f"loading {spec.name} on {dev}", hint=_LOAD_OOM_HINT):
+        if offload == "model":
+            pipe.enable_model_cpu_offload(device=dev)
+        elif offload == "sequential":
+            pipe.enable_sequential_cpu_offload(device=dev)
+        else:
+            pipe.to(dev)
     if vae_tiling:
         if not hasattr(pipe.vae, "enable_tiling"):
             raise KinegenError(f"The VAE of {spec.name} ({type(pipe.vae).__name__}) does not support tiling.")
@@ -366,6 +421,21 @@ def load_pipeline(
     if cache:
         _PIPELINE_CACHE[key] = pipe
     return pipe
+
+
+_LOAD_OOM_HINT = "try --cpu-offload model (or sequential, least memory), or a smaller --dtype (bf16)"
+
+
+def _corrupt_hint(folder: Path, repo_id: str | None) -> str:
+    """What to do about a truncated or corrupt weights file, by where the folder came from."""
+    if Path(folder).resolve().is_relative_to(ASSETS_DIR.resolve()):
+        return "The bundled models ship with the repository: `git checkout -- assets/` restores them."
+    if repo_id and "snapshots" in Path(folder).parts:  # the hub cache
+        return f"Re-download it: `hf download {repo_id} --force-download`."
+    if repo_id:
+        return f"Re-download it: `hf download {repo_id} --local-dir {folder} --force-download`."
+    return (f"Re-download the model (`hf download <owner/name> --local-dir {folder} --force-download`) or re-export "
+            "it (`pipe.save_pretrained(folder)`, or run `kinegen train` again).")
 
 
 def _from_folder(folder: Path, dtype: torch.dtype):

@@ -9,6 +9,7 @@ it into place, so a failed or interrupted run never leaves a half-written file.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InvalidRequestError
+from .errors import DiskFullError, InvalidRequestError
 
 VIDEO_EXTENSIONS = (".mp4",)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")
@@ -45,7 +46,12 @@ def check_output_path(path: str | os.PathLike, kind: str) -> Path:
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path`` (same suffix); rename it to ``path`` on success only."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".part{path.suffix}", dir=path.parent or ".")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=f".part{path.suffix}", dir=path.parent or ".")
+    except OSError as e:
+        if is_disk_full(e):
+            raise _disk_full_error(path) from e
+        raise
     os.close(fd)
     try:
         yield Path(tmp)
@@ -53,10 +59,23 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file normal permissions
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        if is_disk_full(e):
+            raise _disk_full_error(path) from e
         raise
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """Whether ``e`` says the disk (or the user's quota) is full, as an errno or in a tool's message."""
+    return isinstance(e, OSError) and (e.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e))
+
+
+def _disk_full_error(path: Path) -> DiskFullError:
+    return DiskFullError(f"No space left on the device holding {path.parent.resolve()} while writing {path.name}; "
+                         f"nothing was written (an earlier {path.name} there is untouched). Free space or choose "
+                         "another --output.")
 
 
 def swap_in_dir(built: str | os.PathLike, dest: str | os.PathLike) -> Path:
@@ -116,11 +135,68 @@ def write_video(path: str | os.PathLike, frames: np.ndarray, fps: int = 16, qual
             macro_block_size=1, quality=None, output_params=["-crf", str(quality), "-movflags", "+faststart"],
             ffmpeg_log_level="error",
         )
-        writer.send(None)
-        for frame in frames:
-            writer.send(np.ascontiguousarray(frame))
-        writer.close()
+        try:
+            writer.send(None)
+            for frame in frames:
+                writer.send(np.ascontiguousarray(frame))
+        except OSError as e:  # ffmpeg died; its own message (on stderr) is not in `e`
+            if _nearly_full(tmp.parent):
+                raise OSError(errno.ENOSPC, "No space left on device", str(tmp)) from e
+            raise
+        finally:
+            writer.close()  # ffmpeg finishes (or, after an error, stops) before the temporary file goes
+        _check_encoded(tmp, len(frames))
     return path
+
+
+def _nearly_full(folder: Path) -> bool:
+    import shutil
+
+    return shutil.disk_usage(folder).free < 16 * 2**20
+
+
+def _check_encoded(path: Path, expected: int) -> None:
+    """Raise unless ``path`` is a whole mp4 of ``expected`` frames. imageio-ffmpeg does not check ffmpeg's exit
+    status, so a disk that fills while ffmpeg writes the file would otherwise leave a truncated mp4 that looks
+    finished (and replaces the earlier output). Reads the boxes' headers and the frame count, not the frames."""
+    import av
+
+    problem = _mp4_boxes_problem(path)
+    if problem is None:
+        try:
+            with av.open(str(path)) as container:
+                found = container.streams.video[0].frames
+        except Exception:  # no video stream
+            found = 0
+        if found != expected:
+            problem = f"{found} of {expected} frames"
+    if problem is None:
+        return
+    if _nearly_full(path.parent):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+    raise OSError(errno.EIO, f"ffmpeg wrote an incomplete video to {path} ({problem}; its message is above)")
+
+
+def _mp4_boxes_problem(path: Path) -> str | None:
+    """Why the top-level boxes of an mp4 do not tile the file exactly with a moov and an mdat (truncated), or None."""
+    size, pos, names = path.stat().st_size, 0, set()
+    with open(path, "rb") as f:
+        while pos < size:
+            f.seek(pos)
+            head = f.read(16)
+            n = int.from_bytes(head[:4], "big")
+            if n == 1 and len(head) == 16:  # a 64-bit size follows the name
+                n = int.from_bytes(head[8:16], "big")
+            elif n == 0:  # to the end of the file
+                n = size - pos
+            if len(head) < 8 or n < 8:
+                return f"a broken box header at byte {pos}"
+            names.add(head[4:8])
+            pos += n
+    if pos != size:
+        return f"truncated: {size} bytes where its boxes need {pos}"
+    missing = [b.decode() for b in (b"moov", b"mdat") if b not in names]
+    return f"no {' or '.join(missing)} box" if missing else None
 
 
 def read_video(path: str | os.PathLike) -> np.ndarray:

@@ -14,18 +14,24 @@ pipeline for the duration of a run.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
+import logging
+import os
 import shutil
 import threading
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, InvalidRequestError
+from ..errors import ConfigError, InvalidRequestError, PromptWarning, RunCancelled
 from ..plotting import save_block_pattern, save_heatmap
 from ..text import slug
+
+log = logging.getLogger("kinegen.app")
 
 
 @dataclasses.dataclass
@@ -94,6 +100,28 @@ class RateLimiter:
                 raise InvalidRequestError(f"Rate limit: {self.per_minute} runs per minute per user on this "
                                           f"server; try again in {wait:.0f} s.")
             runs.append(now)
+
+
+def _accelerators_text(entry: dict[str, Any]) -> str:
+    """The History table's accelerators cell: a generation's specs (or "dense"), a profile's configurations (one
+    per ``;``); a GAN has none (one generator forward), so its truncation is shown instead."""
+    if entry["type"] == "gan":
+        return f"one step, truncation {entry['request'].get('truncation', 1.0):g}"
+    if entry["type"] == "profile":  # each line a configuration, itself maybe 'a+b'
+        return "; ".join(entry.get("accelerators") or [])
+    return " + ".join(entry.get("accelerators") or []) or "dense"
+
+
+def _stop_when_set(cancel: threading.Event | None, step_callback=None):
+    """A step callback that raises :class:`RunCancelled` once ``cancel`` is set, then calls ``step_callback``."""
+
+    def check(*step):
+        if cancel is not None and cancel.is_set():
+            raise RunCancelled("The run was cancelled; nothing was written.")
+        if step_callback is not None and step:
+            step_callback(*step)
+
+    return check
 
 
 def _stamp() -> str:
@@ -180,10 +208,15 @@ class Service:
     # ------------------------------------------------------------------ runs
 
     def generate(self, model: str, request, accelerators=(), *, compare: bool = False, user: str = "anonymous",
-                 step_callback=None) -> dict[str, Any]:
+                 step_callback=None, cancel: threading.Event | None = None) -> dict[str, Any]:
         """One generation (and, with ``compare``, the dense run of the same request).
 
         Returns the output paths, timings, accelerator stats and (compare) speedup and PSNR against dense.
+        Once ``cancel`` is set (the page's run was cancelled or its client left), the run stops at its next
+        denoising step, or does not start if it is still waiting for the model, with :class:`RunCancelled`; an
+        exception from ``step_callback`` stops it the same way. A stopped run writes and records nothing, and the
+        model is free for the next request. Running out of memory is an :class:`~kinegen.errors.OutOfMemory`
+        that says what to try.
         """
         from ..generation import prepare, run_job
         from ..profiling import metrics
@@ -191,19 +224,27 @@ class Service:
         self.check_request(request)
         accelerators = list(accelerators)
         pipe = self.pipeline(model)
-        job = prepare(pipe, request)
+        with warnings.catch_warnings():  # the page shows them (out["warnings"]); the log needs no copy
+            warnings.simplefilter("ignore", PromptWarning)
+            job = prepare(pipe, request)
         request = job.request
         self.check_request(request)  # the model's defaults filled in, bounds again
+        if cancel is not None:
+            step_callback = _stop_when_set(cancel, step_callback)
         self.limiter.check(user)
-        with self._locks[model]:
+        with self._locks[model]:  # run_job turns running out of memory into one message, lock released
+            _stop_when_set(cancel)()  # cancelled while it waited for the model: do not start
             result = run_job(job, accelerators, step_callback=step_callback)
-            dense = run_job(job) if compare and accelerators else None
+            dense = None
+            if compare and accelerators:
+                _stop_when_set(cancel)()
+                dense = run_job(job, step_callback=_stop_when_set(cancel))
         stem = f"{_stamp()}-{slug(request.prompt, 40)}-seed{request.seed}"
         ext = ".mp4" if result.kind == "video" else ".png"
         out: dict[str, Any] = {"output": str(result.save(self.output_dir / f"{stem}{ext}")),
                                "kind": result.kind, "request": request.to_dict(), "model": model,
                                "accelerators": accelerators, "timings": result.timings,
-                               "stats": result.accelerators}
+                               "stats": result.accelerators, "warnings": result.warnings}
         if dense is not None:
             out["dense_output"] = str(dense.save(self.output_dir / f"{stem}-dense{ext}"))
             out["dense_timings"] = dense.timings
@@ -287,14 +328,40 @@ class Service:
                 entry = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line cut by a crash: skip it, keep the rest
-            if Path(entry.get("output", "")).exists():
+            output = entry.get("output") if isinstance(entry, dict) else None
+            # only outputs inside the output folder: the page hands an entry's file to the browser
+            if isinstance(output, str) and Path(output).exists() and self.is_served(output):
                 self.history.append(entry)
 
     def _remember(self, entry: dict[str, Any]) -> None:
+        """Add a finished run to the history and append it to ``history.jsonl``. The file only ever gains whole
+        lines: a write that fails (a full disk) is cut back to where it started, and a line cut by a crash is ended
+        first so that the next entry is not glued to it. A failed write loses the run neither its output nor its
+        place in this server's history (it is logged)."""
+        line = (json.dumps(entry, default=str) + "\n").encode()
         with self._history_lock:
             self.history.append(entry)
-            with open(self.output_dir / "history.jsonl", "a") as f:
-                f.write(json.dumps(entry, default=str) + "\n")
+            path = self.output_dir / "history.jsonl"
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            except OSError as e:
+                log.warning("could not record the run in %s: %s", path, e)
+                return
+            start = None
+            try:
+                start = os.fstat(fd).st_size
+                if start and os.pread(fd, 1, start - 1) != b"\n":
+                    line = b"\n" + line
+                done = 0
+                while done < len(line):
+                    done += os.write(fd, line[done:])
+            except OSError as e:
+                if start is not None:
+                    with contextlib.suppress(OSError):
+                        os.ftruncate(fd, start)
+                log.warning("could not record the run in %s (%s); the file is as it was", path, e)
+            finally:
+                os.close(fd)
 
     def history_rows(self) -> list[list[Any]]:
         """Newest first: [time, type, model, prompt, seed, accelerators, seconds, output name]."""
@@ -305,8 +372,7 @@ class Service:
             r = e["request"]
             total = e.get("total_s")
             rows.append([e["time"], e["type"], e["model"], r.get("prompt", ""), r.get("seed", 0),
-                         " + ".join(e.get("accelerators") or []) or "dense",
-                         None if total is None else round(total, 2), Path(e["output"]).name])
+                         _accelerators_text(e), None if total is None else round(total, 2), Path(e["output"]).name])
         return rows
 
     def history_entry(self, output_name: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import sys
 
 from .. import __version__
 from ..errors import KinegenError
+from ..memory import out_of_memory_guard
 from . import app, calibrate, generate, models, profile, train
 from . import eval as evaluate
 
@@ -40,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return args.func(args)
+        with out_of_memory_guard():  # a command that runs out of memory: one line saying what to try
+            return args.func(args)
     except KinegenError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -85,7 +85,7 @@ def run_gan(args) -> int:
     if args.images < 24:
         raise ConfigError("--images must be at least 24 (two per class); 1000 or more for stable FD/KID.")
     clf = load_classifier(args.classifier)
-    pipe = MPGANPipeline.from_pretrained(args.model)
+    pipe = MPGANPipeline.from_pretrained(args.model, use_safetensors=True)
     m = evaluate_pipeline(pipe, args.images, clf, seed=args.seed, fid_weights=args.inception_weights)
     print(f"{args.model}: FD {m['fd']:.4f} | KID {m['kid']:.5f} +- {m['kid_std']:.5f} | precision "
           f"{m['precision']:.3f} recall {m['recall']:.3f} | class accuracy {m['class_accuracy']:.1%} | modes "

@@ -98,7 +98,7 @@ def _check_flags_for(spec, args) -> None:
 
 
 def run(args) -> int:
-    from ..errors import ConfigError, FidelityWarning
+    from ..errors import ConfigError, FidelityWarning, PromptWarning
     from ..generation import GenerationRequest, prepare, run_job
     from ..loading import resolve_model
     from ..media import check_output_path
@@ -126,7 +126,11 @@ def run(args) -> int:
         if note:
             print(note, file=sys.stderr)
     pipe, load_s = load(args, resolved)
-    job = prepare(pipe, request)  # the model's defaults filled in and checked against the loaded pipeline
+    with warnings.catch_warnings():  # said once, as a `warning:` line before the run
+        warnings.simplefilter("ignore", PromptWarning)
+        job = prepare(pipe, request)  # the model's defaults filled in and checked against the loaded pipeline
+    for note in job.warnings:
+        print(f"warning: {note}", file=sys.stderr)
     spec = job.spec
     output = check_output_path(_output(args, job.kind), job.kind)
     pipe.set_progress_bar_config(leave=False, disable=None)
@@ -143,6 +147,7 @@ def run(args) -> int:
         "height": r.height, "width": r.width, "steps": r.steps, "guidance": r.guidance, "seed": r.seed,
         "timings_s": {"load": load_s, **{k: v for k, v in t.items() if k != "transformer_calls"}, "write": write_s},
         "transformer_calls": t["transformer_calls"], "accelerators": result.accelerators,
+        "warnings": result.warnings,
     }
     if args.json:
         print(json.dumps(json_safe(summary), indent=2, default=str))

@@ -216,7 +216,7 @@ def train_t2v(run_dir: str | Path, cfg: T2VTrainConfig) -> Path:
         _init_files(Path(cfg.init))
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    vae = AutoencoderKLWan.from_pretrained(cfg.vae).eval()
+    vae = AutoencoderKLWan.from_pretrained(cfg.vae, use_safetensors=True).eval()
     latents, seeds = encode_dataset(run_dir, cfg, vae)
     specs = [sample_clip(s, split="train") for s in seeds]
     masks = latent_object_masks(specs, cfg.frames, cfg.size) if cfg.object_weight else None

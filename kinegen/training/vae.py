@@ -86,7 +86,7 @@ def _initial_vae(cfg: VAETrainConfig):
     if cfg.init:
         from diffusers import AutoencoderKLWan
 
-        src = AutoencoderKLWan.from_pretrained(cfg.init).state_dict()
+        src = AutoencoderKLWan.from_pretrained(cfg.init, use_safetensors=True).state_dict()
         ours = vae.state_dict()
         if {k: v.shape for k, v in src.items()} != {k: v.shape for k, v in ours.items()}:
             raise ValueError(f"--init {cfg.init}: its architecture differs from the bundled VAE's (build_vae)")
