@@ -6,13 +6,13 @@ import json
 import os
 import shutil
 import socket
-import subprocess
 
 import numpy as np
 import pytest
 import torch
 
 from kinegen.apps.service import AppConfig, RateLimiter, Service
+from kinegen.apps.tabs.history import HEADERS
 from kinegen.errors import ConfigError, InvalidRequestError, KinegenError
 from kinegen.generation import GenerationRequest
 
@@ -99,9 +99,17 @@ def test_app_generates_through_gradio_client_and_survives_bad_input(running_app,
 
     app, url, config = running_app
     client = Client(url, verbose=False)
-    params = [p["parameter_name"] for p in client.view_api(return_format="dict")["named_endpoints"]["/generate"]
-              ["parameters"]]
-    assert params[:2] == ["prompt", "seed"] and "cache" in params
+    api = client.view_api(return_format="dict", print_info=False)["named_endpoints"]
+    # As docs/app.md says: named parameters, required ones marked, named outputs.
+    required = {name: [p["parameter_name"] for p in ep["parameters"] if not p["parameter_has_default"]]
+                for name, ep in api.items()}
+    returns = {name: [r["label"] for r in ep["returns"]] for name, ep in api.items()}
+    assert [p["parameter_name"] for p in api["/generate"]["parameters"]] == [
+        "prompt", "seed", "negative_prompt", "model", "height", "width", "frames", "steps", "guidance", "cache",
+        "cache_options", "attention", "attention_options"]
+    assert required["/generate"] == ["prompt"] and returns["/generate"] == ["video"]
+    assert required["/gan"] == ["classes"] and returns["/gan"] == ["grid", "info"]
+    assert required["/profile"] == ["prompts", "configs"] and returns["/profile"] == ["table", "report"]
     capfd.readouterr()
     with caplog.at_level(logging.INFO, logger="kinegen.app"):
         with pytest.raises(Exception, match="steps is above this server's limit of 30"):
@@ -121,29 +129,106 @@ def test_app_generates_through_gradio_client_and_survives_bad_input(running_app,
     pred = classify(load_classifier(), frames)
     assert pred["colour"] == "red" and pred["motion"] == "right"
     assert any(p.suffix == ".mp4" for p in config.output_dir.iterdir())  # written to the output folder
-    grid, info, history = client.predict(model=config.gan_models[0], classes=["blue star"], num_images=4, seed=0,
-                                         truncation=1.0, api_name="/gan")
+    grid, info = client.predict(classes=["blue star"], num_images=4, seed=0, truncation=0.5, api_name="/gan")
     assert "4 images" in info and grid.endswith(".png")
-    assert [r[1] for r in history["data"][:2]] == ["gan", "generate"]
+    rows = app.kinegen_service.history_rows()
+    assert [r[1] for r in rows[:2]] == ["gan", "generate"]
+    assert rows[0][5] == "one step, truncation 0.5" and rows[1][5] == "dense"  # no accelerators: a GAN has none
 
 
-def test_generate_tab_screenshot_in_headless_chromium(running_app, tmp_path):
-    from PIL import Image
-
+def _chromium() -> str | None:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         if os.environ.get("KINEGEN_REQUIRE_CHROMIUM"):
             pytest.fail("chromium is required here (KINEGEN_REQUIRE_CHROMIUM is set): apt-get install chromium")
         pytest.skip("Debian's chromium is not installed (.ci/run installs it: apt-get install chromium)")
+    return chromium
+
+
+@pytest.fixture(scope="module")
+def page(running_app):
+    """The app in headless Chromium, driven by Playwright (its own browser download is not used)."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    chromium = _chromium()
     _, url, _ = running_app
-    shot = tmp_path / "generate.png"
-    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    "--window-size=1280,1000", "--virtual-time-budget=15000", f"--screenshot={shot}", url],
-                   check=True, capture_output=True, timeout=120)
-    img = np.asarray(Image.open(shot).convert("L"), dtype=np.float32)
-    assert img.shape == (1000, 1280)
-    # A rendered page (text, inputs, buttons), not a blank or error screen: many distinct grey levels.
-    assert img.std() > 10 and len(np.unique(img)) > 50
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run"])
+        pg = browser.new_page(viewport={"width": 1280, "height": 1000})
+        pg.set_default_timeout(60_000)
+        pg.goto(url)
+        yield pg
+        browser.close()
+
+
+def test_generate_tab_in_chromium_shows_table_warning_video_and_plan(page):
+    """The run's information is a rendered table (not raw markdown) under the seed and an unknown-word warning; the
+    128x128 video is shown at exactly 3x with hard pixel edges; the plan's picture carries no label over its title."""
+    page.get_by_label("Prompt", exact=True).fill("a red dog moving right on a gray background")
+    page.get_by_label("Cache", exact=True).click()
+    page.get_by_role("option", name="mapguided", exact=True).click()
+    page.get_by_role("button", name="Generate", exact=True).click()
+    page.wait_for_selector("#kinegen-info table")
+    info = page.locator("#kinegen-info")
+    text = info.inner_text()
+    assert "Warning: kinegen-shapes-t2v does not know the prompt's words 'dog' (its tokenizer reads them as <unk>)" \
+        in text
+    assert "Seed 0." in text and "|---|" not in text
+    stages = info.locator("tbody tr td:first-child").all_inner_texts()
+    assert stages == ["text encoder", "transformer", "VAE decode", "other", "total"]
+    video = page.locator("#kinegen-output video")
+    page.wait_for_function("() => document.querySelector('#kinegen-output video').videoWidth > 0")
+    box = video.bounding_box()
+    vw, vh, rendering = video.evaluate("e => [e.videoWidth, e.videoHeight, getComputedStyle(e).imageRendering]")
+    scale = min(box["width"] / vw, box["height"] / vh)  # object-fit: contain
+    assert (vw, vh) == (128, 128) and scale == pytest.approx(3.0, abs=0.02) and rendering == "pixelated"
+    heatmap = page.locator("#kinegen-heatmap")
+    assert heatmap.locator("img").is_visible()
+    assert heatmap.locator("[data-testid=block-label]").count() == 0 or \
+        not heatmap.locator("[data-testid=block-label]").is_visible()
+
+
+def test_profile_tab_in_chromium_keeps_headers_on_one_line(page):
+    """A profile from the page: the model's steps are filled in, header cells stay one line (the table scrolls
+    sideways), plots are shown whole."""
+    page.get_by_role("tab", name="Profile").click()
+    assert page.get_by_label("Steps (the model's default is filled in)").input_value() == "20"
+    page.get_by_label("Configurations (one per line; join with + to combine)").fill("first-block:threshold=0.05")
+    page.get_by_label("Steps (the model's default is filled in)").fill("2")
+    page.get_by_role("button", name="Run profile").click()
+    page.wait_for_selector("#kinegen-profile-table table", timeout=300_000)  # dense and one configuration, 2 runs each
+    heights = page.locator("#kinegen-profile-table th").evaluate_all(
+        "es => es.map(e => e.getBoundingClientRect().height)")
+    assert len(heights) >= 8 and max(heights) - min(heights) < 1  # 'config' and 'transformer speedup' alike
+    configs = page.locator("#kinegen-profile-table tbody tr td:first-child").all_inner_texts()
+    assert configs == ["dense", "first-block:threshold=0.05"]
+    fits = page.locator("#kinegen-plots img").evaluate_all("es => es.map(e => getComputedStyle(e).objectFit)")
+    assert fits and set(fits) == {"contain"}
+
+
+def test_history_tab_in_chromium_fits_and_a_row_shows_its_run(page, running_app):
+    """Every column of the History table is inside the page; clicking a generation's row opens the Generate tab
+    with that run's video and settings."""
+    svc = running_app[0].kinegen_service
+    rows = svc.history_rows()
+    i = next(k for k, r in enumerate(rows) if r[1] == "generate")
+    page.get_by_role("tab", name="History").click()
+    page.get_by_role("button", name="Refresh").click()
+    table = page.locator("#kinegen-history")
+    cell = table.locator(f"[data-testid=cell-{i}-7]")
+    cell.wait_for()
+    right = table.bounding_box()["x"] + table.bounding_box()["width"]
+    for c in range(8):
+        box = table.locator(f"[data-testid=cell-{i}-{c}]").bounding_box()
+        assert box["x"] + box["width"] <= right + 1, f"column {HEADERS[c]} is cut off"
+    assert table.locator(f"[data-testid=cell-{i}-6]").inner_text().strip() == str(rows[i][6])
+    table.locator(f"[data-testid=cell-{i}-3]").click()
+    page.wait_for_function("() => (document.querySelector('#kinegen-info') || {}).innerText?.includes('From the "
+                           "History')")
+    assert page.get_by_role("tab", selected=True).inner_text() == "Generate"
+    assert page.locator("#kinegen-output video").get_attribute("src").endswith(rows[i][7])
+    assert page.get_by_label("Prompt", exact=True).input_value() == rows[i][3]
 
 
 def test_sparse_attention_stats_become_a_block_pattern_picture(tmp_path):
@@ -202,3 +287,31 @@ def test_an_accelerator_warning_heads_the_run_info():
     md = timing_markdown(out)
     assert md.startswith("**Warning:** mapguided: served at 1.93x\n\n| stage | seconds |")
     assert "chosen_speedup=1.9" in md and md.count("served at") == 1
+
+
+def test_stop_in_chromium_cancels_the_run_and_frees_the_model(page, running_app):
+    """Stop ends a run at its next step: the model's lock is free again, nothing is written, the server serves on."""
+    import time
+
+    from gradio_client import Client
+
+    app, url, config = running_app
+    svc = app.kinegen_service
+    lock = svc._locks["kinegen-shapes-t2v"]
+    files, runs = sorted(os.listdir(config.output_dir)), len(svc.history_rows())
+    page.get_by_role("tab", name="Generate").click()
+    page.get_by_label("Prompt", exact=True).fill("a green square moving down on a white background")
+    page.get_by_role("button", name="Generate", exact=True).click()
+    deadline = time.time() + 60
+    while not lock.locked() and time.time() < deadline:  # the run has the model
+        time.sleep(0.05)
+    assert lock.locked()
+    page.get_by_role("button", name="Stop", exact=True).click()
+    deadline = time.time() + 30
+    while lock.locked() and time.time() < deadline:
+        time.sleep(0.05)
+    assert not lock.locked()
+    time.sleep(2)
+    assert sorted(os.listdir(config.output_dir)) == files and len(svc.history_rows()) == runs
+    path = Client(url, verbose=False).predict(prompt="a red circle moving right", steps=2, api_name="/generate")
+    assert path.endswith(".mp4")

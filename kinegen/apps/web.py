@@ -10,16 +10,16 @@ cross tabs (a History row loads its settings into the Generate or GAN tab) and l
 API (``gradio_client``)::
 
     from gradio_client import Client
-    result = Client("http://127.0.0.1:7860/").predict(prompt="a red circle moving right", seed=0,
-                                                      api_name="/generate")
-    result["video"]  # a local copy of the mp4
+    path = Client("http://127.0.0.1:7860/").predict(prompt="a red circle moving right", seed=0,
+                                                    api_name="/generate")
+    # path: a local copy of the mp4
 """
 
 # No `from __future__ import annotations` here: Gradio reads the handlers' annotations (gr.SelectData)
 # at runtime to know which parameters it fills in itself.
 from .service import AppConfig, Service
 from .tabs import gan, generate, history, profile
-from .tabs.common import TabContext, accelerator_choices, page_error
+from .tabs.common import CSS, TabContext, accelerator_choices, page_error
 from .tabs.generate import preview_frame
 
 
@@ -47,26 +47,28 @@ def build_app(config: AppConfig | None = None, service: Service | None = None):
 
 def _wire_history_select(svc: Service, tabs, history_tab: "history.HistoryTab", gen_tab: "generate.GenerateTab",
                          gan_tab: "gan.GanTab") -> None:
-    """Clicking a History row shows its output and loads its settings into the Generate or GAN tab."""
+    """Clicking a History row shows its output and settings in the Generate or GAN tab (and switches to it); a
+    profile's row offers its report in the History tab."""
     import gradio as gr
+
+    gen_fields = gen_tab.settings + gen_tab.outputs
+    gan_fields = gan_tab.settings + gan_tab.outputs
 
     def on_history_select(evt: gr.SelectData):
         try:
             e = svc.history_entry(str(evt.row_value[-1]))  # by output name, not by position
         except Exception as err:
             raise page_error(err) from None
-        keep_gen = [gr.update()] * len(gen_tab.settings)
-        keep_gan = [gr.update()] * len(gan_tab.settings)
+        keep_gen, keep_gan = [gr.update()] * len(gen_fields), [gr.update()] * len(gan_fields)
         if e["type"] == "generate":
-            loaded, selected = gen_tab.load(e) + keep_gan, gr.Tabs(selected=generate.TAB_ID)
+            filled, selected = gen_tab.load(e) + gen_tab.show(e) + keep_gan, gr.Tabs(selected=generate.TAB_ID)
         elif e["type"] == "gan":
-            loaded, selected = keep_gen + gan_tab.load(e), gr.Tabs(selected=gan.TAB_ID)
+            filled, selected = keep_gen + gan_tab.load(e) + gan_tab.show(e), gr.Tabs(selected=gan.TAB_ID)
         else:
-            loaded, selected = keep_gen + keep_gan, gr.update()
-        return history_tab.show(e) + loaded + [selected]
+            filled, selected = keep_gen + keep_gan, gr.update()
+        return history_tab.show(e) + filled + [selected]
 
-    history_tab.table.select(on_history_select, None,
-                             history_tab.outputs + gen_tab.settings + gan_tab.settings + [tabs],
+    history_tab.table.select(on_history_select, None, history_tab.outputs + gen_fields + gan_fields + [tabs],
                              api_visibility="private")
 
 
@@ -79,7 +81,7 @@ def launch_app(config: AppConfig, *, host: str = "127.0.0.1", port: int | None =
     app = build_app(config)
     app.queue(max_size=config.max_queue, default_concurrency_limit=config.concurrency)
     app.launch(server_name=host, server_port=port, auth=config.auth, allowed_paths=[str(config.output_dir.resolve())],
-               prevent_thread_lock=prevent_thread_lock, show_error=True, max_file_size="10mb",
+               prevent_thread_lock=prevent_thread_lock, show_error=True, max_file_size="10mb", css=CSS,
                **launch_kwargs)
     return app
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import html
 import logging
 from typing import Any
 
@@ -86,21 +87,45 @@ def accelerator_help(kind: str) -> str:
     return "\n".join(lines)
 
 
+# The largest on-screen side of an output video: small videos are shown at a whole multiple of their size (a
+# 128x128 video at 3x), so that no pixel is smeared over a fraction of another; see ``display_size``.
+DISPLAY_SIDE = 384
+
+# Page styles: outputs scaled by whole multiples keep hard pixel edges; the profile table scrolls sideways
+# rather than wrapping its headers letter by letter.
+CSS = """
+.kinegen-pixels { box-sizing: content-box !important; }
+.kinegen-pixels video, .kinegen-pixels img { image-rendering: pixelated; width: 100% !important;
+  height: 100% !important; object-fit: contain; }
+.kinegen-table table { display: block; overflow-x: auto; }
+.kinegen-table th, .kinegen-table td { white-space: nowrap; }
+"""
+
+
+def display_size(height: int, width: int) -> tuple[int, int]:
+    """On-screen (height, width) of an output: the largest whole multiple of its size whose longer side is at most
+    ``DISPLAY_SIDE`` (a 128x128 video at 384x384), or its own size when it is already larger."""
+    scale = max(1, DISPLAY_SIDE // max(height, width, 1))
+    return height * scale, width * scale
+
+
 def timing_markdown(out: dict[str, Any]) -> str:
-    """A run's stage times, its comparison with dense (if any) and each accelerator's scalar stats."""
+    """A run's warnings, seed, stage times, comparison with dense (if any) and each accelerator's scalar stats."""
     t = out["timings"]
     rows = [("text encoder", t.get("text_encoder")), ("transformer", t.get("transformer")),
             ("VAE decode", t.get("vae_decode")), ("other", t.get("other")), ("total", t.get("total"))]
-    md = "| stage | seconds |\n|---|---|\n" + "".join(f"| {k} | {v:.2f} |\n" for k, v in rows if v is not None)
-    md += f"\n{t.get('transformer_calls', '?')} transformer calls."
+    seed = out.get("request", {}).get("seed")
+    md = f"Seed {seed}.\n\n" if seed is not None else ""  # a paragraph of its own: a table must start a block
+    md += "| stage | seconds |\n|---|---|\n" + "".join(f"| {k} | {v:.2f} |\n" for k, v in rows if v is not None)
+    md += f"\n\n{t.get('transformer_calls', '?')} transformer calls."
     if "speedup" in out:
         d = out["dense_timings"]
         md += (f"\n\n**Against dense** (same request, run after it): dense {d['total']:.2f} s, accelerated "
                f"{t['total']:.2f} s: **{out['speedup']:.2f}x** end to end, {out['transformer_speedup']:.2f}x "
                f"transformer; PSNR **{out['psnr_db']:.2f} dB**.")
+    warnings = list(out.get("warnings") or []) + [st["warning"] for st in out["stats"] if st.get("warning")]
+    md = "".join(f"**Warning:** {html.escape(w)}\n\n" for w in warnings) + md  # '<unk>' is not a tag
     for st in out["stats"]:
-        if st.get("warning"):
-            md = f"**Warning:** {st['warning']}\n\n" + md
         shown = ", ".join(f"{k}={v}" for k, v in stat_items(st))
         if shown:
             md += f"\n\n`{st['name']}`: {shown}"

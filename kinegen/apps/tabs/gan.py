@@ -9,12 +9,19 @@ from .common import TabContext, page_error, user_name
 
 TAB_ID = "gan"
 
-
 @dataclasses.dataclass
 class GanTab:
     """What other tabs use: the settings a History row loads (in the order :meth:`load` fills them)."""
 
-    settings: list  # model, classes, number of images, first seed
+    settings: list  # model, classes, number of images, first seed, truncation
+    outputs: list  # the grid and its information (what :meth:`show` fills)
+
+    @staticmethod
+    def show(entry: dict[str, Any]) -> list:
+        """Values for :attr:`outputs` from a ``gan`` history entry."""
+        total = entry.get("total_s")
+        took = f" ({total:.2f} s)" if total is not None else ""
+        return [entry["output"], f"From the History: the grid of {entry['time']}{took}."]
 
     def load(self, entry: dict[str, Any]) -> list:
         """Values for :attr:`settings` from a ``gan`` history entry."""
@@ -22,8 +29,7 @@ class GanTab:
 
         r = entry["request"]
         return [gr.update(value=entry["model"]), gr.update(value=r["prompt"].split(", ")), r.get("num_images", 16),
-                r.get("seed", 0)]
-
+                r.get("seed", 0), r.get("truncation", 1.0)]
 
 def build(ctx: TabContext) -> GanTab:
     import gradio as gr
@@ -45,6 +51,17 @@ def build(ctx: TabContext) -> GanTab:
             with gr.Column():
                 grid = gr.Image(label="Grid", type="filepath")
                 info = gr.Markdown(label="timing")
+        # The API (hidden components: the page has its own). Classes have no value, so the API marks them required.
+        with gr.Row(visible=False):
+            api_classes = gr.Dropdown(gan_classes, value=None, multiselect=True, allow_custom_value=True,
+                                      label="classes")
+            api_num = gr.Number(value=16, precision=0, label="num_images")
+            api_seed = gr.Number(value=0, precision=0, label="seed")
+            api_trunc = gr.Number(value=1.0, label="truncation")
+            api_model = gr.Textbox(value="", label="model")
+            api_grid = gr.Image(type="filepath", label="grid")
+            api_info = gr.Textbox(label="info")
+            api_btn = gr.Button()
 
     def run_gan(model, classes, num_images, seed, truncation, request: gr.Request):
         """A grid of one-step GAN images: image i uses seed + i and cycles through the classes."""
@@ -53,12 +70,24 @@ def build(ctx: TabContext) -> GanTab:
                                    user=user_name(request))
         except Exception as e:
             raise page_error(e) from None
-        t = out["timings"]
-        return (out["output"], f"{len(out['classes'])} images in {t['generator'] * 1000:.1f} ms "
-                               f"({t['per_image'] * 1000:.2f} ms each; one step, batched generator forwards).",
-                svc.history_rows())
+        return out["output"], _timing_line(out), svc.history_rows()
 
     run_btn.click(run_gan, [model, classes, num_images, seed, truncation], [grid, info, ctx.history],
+                  concurrency_id="device", api_visibility="undocumented")
+
+    def gan(classes: list, num_images: int = 16, seed: int = 0, truncation: float = 1.0, model: str = "",
+            request: gr.Request = None):
+        """A grid of one-step GAN images of the given classes (image i uses seed + i and cycles through the
+        classes); returns the grid's file and a line of timing. An empty model = the server's first GAN."""
+        try:
+            name = model or (gan_models[0] if gan_models else "")
+            out = svc.generate_gan(name, classes or [], int(num_images), int(seed or 0), float(truncation),
+                                   user=user_name(request))
+        except Exception as e:
+            raise page_error(e) from None
+        return out["output"], _timing_line(out)
+
+    api_btn.click(gan, [api_classes, api_num, api_seed, api_trunc, api_model], [api_grid, api_info],
                   concurrency_id="device", api_name="gan")
 
     def on_gan_model(name):
@@ -67,4 +96,9 @@ def build(ctx: TabContext) -> GanTab:
 
     model.input(on_gan_model, [model], [classes], api_visibility="private")
 
-    return GanTab(settings=[model, classes, num_images, seed])
+    return GanTab(settings=[model, classes, num_images, seed, truncation], outputs=[grid, info])
+
+def _timing_line(out: dict[str, Any]) -> str:
+    t = out["timings"]
+    return (f"{len(out['classes'])} images in {t['generator'] * 1000:.1f} ms ({t['per_image'] * 1000:.2f} ms each; "
+            "one step, batched generator forwards).")

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .common import NONE, TabContext, accelerator_help, log, page_error, timing_markdown, user_name
+from .common import NONE, TabContext, accelerator_help, display_size, log, page_error, timing_markdown, user_name
 
 TAB_ID = "generate"
 
@@ -22,8 +22,24 @@ class GenerateTab:
 
     settings: list  # model, prompt, negative, height, width, frames, steps, guidance, seed, cache, cache
     #                 options, attention, attention options
+    outputs: list  # the output video, the output image and the run's information (what :meth:`show` fills)
     caches: list[str]
     attentions: list[str]
+
+    @staticmethod
+    def show(entry: dict[str, Any]) -> list:
+        """Values for :attr:`outputs` from a ``generate`` history entry: its video (or image) and where it came from."""
+        import gradio as gr
+
+        out, r = entry["output"], entry["request"]
+        is_video = out.endswith(".mp4")
+        h, w = display_size(r.get("height") or 128, r.get("width") or 128)
+        total = entry.get("total_s")
+        took = f", {total:.2f} s" if total is not None else ""
+        accs = " + ".join(entry.get("accelerators") or []) or "dense"
+        return [gr.update(value=out if is_video else None, visible=is_video, height=h, width=w),
+                gr.update(value=None if is_video else out, visible=not is_video, height=h, width=w),
+                f"From the History: the run of {entry['time']} ({accs}{took}), seed {r.get('seed', 0)}."]
 
     def load(self, entry: dict[str, Any]) -> list:
         """Values for :attr:`settings` from a ``generate`` history entry."""
@@ -76,20 +92,33 @@ def build(ctx: TabContext) -> GenerateTab:
                     with gr.Accordion("What each accelerator does", open=False):
                         gr.Markdown(accelerator_help("cache") + "\n" + accelerator_help("attention"))
                     compare = gr.Checkbox(label="Compare with dense (runs the dense baseline too)", value=False)
-                run_btn = gr.Button("Generate", variant="primary")
+                with gr.Row():
+                    run_btn = gr.Button("Generate", variant="primary", scale=3)
+                    stop_btn = gr.Button("Stop", variant="stop", scale=1)
             with gr.Column(scale=3):
                 preview = gr.Image(label="Preview (denoising in progress)", type="numpy", height=200)
+                # Shown at a whole multiple of the output's size (display_size), with hard pixel edges.
+                out_h, out_w = display_size(d.get("height", 128), d.get("width", 128))
                 with gr.Row():
-                    video = gr.Video(label="Output", format="mp4", autoplay=True, loop=True)
-                    image_out = gr.Image(label="Output image", type="filepath", visible=False)
+                    video = gr.Video(label="Output", format="mp4", autoplay=True, loop=True, height=out_h,
+                                     width=out_w, elem_classes="kinegen-pixels", elem_id="kinegen-output")
+                    image_out = gr.Image(label="Output image", type="filepath", visible=False, height=out_h,
+                                         width=out_w, elem_classes="kinegen-pixels")
                     dense_video = gr.Video(label="Dense baseline (same seed)", format="mp4", visible=False,
-                                           autoplay=True, loop=True)
-                info = gr.Markdown()
-                heatmap = gr.Image(label="Map-Guided Caching: TVMap and plan", type="filepath", visible=False)
-                pattern = gr.Image(label="Sparse attention: kept blocks", type="filepath", visible=False)
+                                           autoplay=True, loop=True, height=out_h, width=out_w,
+                                           elem_classes="kinegen-pixels")
+                info = gr.Markdown(elem_id="kinegen-info")
+                # The pictures carry their own titles; a label would sit on top of them.
+                heatmap = gr.Image(label="Map-Guided Caching: TVMap and plan", show_label=False, type="filepath",
+                                   visible=False, elem_id="kinegen-heatmap")
+                pattern = gr.Image(label="Sparse attention: kept blocks", show_label=False, type="filepath",
+                                   visible=False)
         api_video = gr.Video(label="video", visible=False)
         api_btn = gr.Button(visible=False)
-        # The API's optional parameters, each with its default (hidden: the page has its own controls).
+        # The API's parameters (hidden: the page has its own controls). The prompt has no value, so the API marks
+        # it required; every other one has its default.
+        api_prompt = gr.Textbox(label="prompt", visible=False)
+        api_seed = gr.Number(value=0, label="seed", precision=0, visible=False)
         api_text = {k: gr.Textbox(value=v, label=k, visible=False) for k, v in (
             ("negative_prompt", ""), ("model", ""), ("cache", NONE), ("cache_options", ""), ("attention", NONE),
             ("attention_options", ""))}
@@ -114,6 +143,10 @@ def build(ctx: TabContext) -> GenerateTab:
                                  guidance=None if guidance_ is None else float(guidance_),
                                  seed=int(seed_ or 0))
 
+    # The running generation of each browser session, so that Stop can end it at its next step. (Gradio's own
+    # cancel only abandons the event; the worker thread would otherwise run on and keep the model.)
+    running: dict[str, threading.Event] = {}
+
     def run_generate(model_, prompt_, negative_, height_, width_, frames_, steps_, guidance_, seed_, randomize_,
                      cache_, cache_opts_, attention_, attention_opts_, compare_, request: gr.Request,
                      progress=gr.Progress()):
@@ -127,6 +160,9 @@ def build(ctx: TabContext) -> GenerateTab:
         except Exception as e:
             raise page_error(e) from None
         events: queue.Queue = queue.Queue()
+        cancel = threading.Event()  # set by Stop, or when Gradio closes this generator (the page went away)
+        session = getattr(request, "session_hash", None) or str(id(cancel))
+        running[session] = cancel
         every = config.preview_every or max(1, int(req.steps or 20) // 5)
         pipe_box: dict[str, Any] = {}
 
@@ -140,34 +176,41 @@ def build(ctx: TabContext) -> GenerateTab:
             try:
                 pipe_box["pipe"] = svc.pipeline(model_)
                 out = svc.generate(model_, req, specs, compare=bool(compare_), user=user_name(request),
-                                   step_callback=on_step)
+                                   step_callback=on_step, cancel=cancel)
                 events.put(("done", out))
             except Exception as e:  # handed to the page below
                 events.put(("error", e))
 
         threading.Thread(target=work, daemon=True).start()
         progress(0, desc="loading the model and encoding the prompt")
-        while True:
-            ev = events.get()
-            if ev[0] == "step":
-                _, i, n, img = ev
-                then = ", then the dense baseline" if compare_ and specs else ""
-                done = f" (decoding{then})" if i == n else ""
-                progress((i, n), desc=f"denoising step {i}/{n}{done}")
-                if img is not None:
-                    yield {preview: img}
-            elif ev[0] == "error":
-                raise page_error(ev[1])
-            else:
-                out = ev[1]
-                break
+        try:
+            while True:
+                ev = events.get()
+                if ev[0] == "step":
+                    _, i, n, img = ev
+                    then = ", then the dense baseline" if compare_ and specs else ""
+                    done = f" (decoding{then})" if i == n else ""
+                    progress((i, n), desc=f"denoising step {i}/{n}{done}")
+                    # Yield at every step, even with nothing to show: Gradio can stop a generator only at a yield.
+                    yield {preview: img if img is not None else gr.update()}
+                elif ev[0] == "error":
+                    raise page_error(ev[1])
+                else:
+                    out = ev[1]
+                    break
+        finally:  # Stop, a closed page, or an error: the worker stops at its next step and frees the model
+            cancel.set()
+            if running.get(session) is cancel:
+                del running[session]
         is_video = out["kind"] == "video"
+        h, w = display_size(out["request"]["height"], out["request"]["width"])
         yield {
-            video: gr.update(value=out["output"] if is_video else None, visible=is_video),
-            image_out: gr.update(value=None if is_video else out["output"], visible=not is_video),
+            video: gr.update(value=out["output"] if is_video else None, visible=is_video, height=h, width=w),
+            image_out: gr.update(value=None if is_video else out["output"], visible=not is_video, height=h,
+                                 width=w),
             dense_video: gr.update(value=out.get("dense_output") if is_video else None,
-                                   visible=is_video and "dense_output" in out),
-            info: f"Seed {out['request']['seed']}. " + timing_markdown(out),
+                                   visible=is_video and "dense_output" in out, height=h, width=w),
+            info: timing_markdown(out),
             heatmap: gr.update(value=out.get("heatmap"), visible="heatmap" in out),
             pattern: gr.update(value=out.get("block_pattern"), visible="block_pattern" in out),
             seed: out["request"]["seed"],
@@ -176,9 +219,16 @@ def build(ctx: TabContext) -> GenerateTab:
 
     gen_inputs = [model, prompt, negative, height, width, frames, steps, guidance, seed, randomize, cache,
                   cache_opts, attention, attention_opts, compare]
-    run_btn.click(run_generate, gen_inputs,
-                  [preview, video, image_out, dense_video, info, heatmap, pattern, seed, ctx.history],
-                  concurrency_id="device", api_visibility="undocumented")
+    run_event = run_btn.click(run_generate, gen_inputs,
+                              [preview, video, image_out, dense_video, info, heatmap, pattern, seed, ctx.history],
+                              concurrency_id="device", api_visibility="undocumented")
+    def stop_run(request: gr.Request):
+        """The Stop button: this session's run ends at its next denoising step; nothing is written."""
+        cancel = running.get(getattr(request, "session_hash", None) or "")
+        if cancel is not None:
+            cancel.set()
+
+    stop_btn.click(stop_run, None, None, cancels=[run_event], queue=False, api_visibility="private")
 
     def generate(prompt: str, seed: int = 0, negative_prompt: str = "", model: str = "", height: int = 0,
                  width: int = 0, frames: int = 0, steps: int = 0, guidance: float = -1.0, cache: str = NONE,
@@ -198,14 +248,14 @@ def build(ctx: TabContext) -> GenerateTab:
         except Exception as e:
             raise page_error(e) from None
 
-    api_btn.click(generate, [prompt, seed, api_text["negative_prompt"], api_text["model"], api_num["height"],
+    api_btn.click(generate, [api_prompt, api_seed, api_text["negative_prompt"], api_text["model"], api_num["height"],
                              api_num["width"], api_num["frames"], api_num["steps"], api_num["guidance"],
                              api_text["cache"], api_text["cache_options"], api_text["attention"],
                              api_text["attention_options"]],
                   [api_video], api_name="generate", concurrency_id="device")
 
     return GenerateTab(settings=[model, prompt, negative, height, width, frames, steps, guidance, seed, cache,
-                                 cache_opts, attention, attention_opts],
+                                 cache_opts, attention, attention_opts], outputs=[video, image_out, info],
                        caches=list(ctx.caches), attentions=list(ctx.attentions))
 
 

@@ -1,7 +1,8 @@
-"""The History tab: this server's recent runs, newest first; a row shows its output.
+"""The History tab: this server's recent runs, newest first.
 
-Loading a row's settings into the Generate or GAN tab crosses tabs, so
-:func:`kinegen.apps.web.build_app` wires that event (with :meth:`HistoryTab.show`).
+Clicking a generation's (or GAN grid's) row shows its output and settings in the Generate (or GAN) tab; that
+crosses tabs, so :func:`kinegen.apps.web.build_app` wires it. A profile's row offers its report here
+(:meth:`HistoryTab.show`).
 """
 
 from __future__ import annotations
@@ -14,49 +15,49 @@ from .common import TabContext
 
 TAB_ID = "history"
 HEADERS = ["time", "type", "model", "prompt", "seed", "accelerators", "seconds", "output"]
+# Shares of the table's width: the prompt and the output's file name wrap; the rest fit on one line.
+WIDTHS = ["12%", "7%", "13%", "22%", "5%", "14%", "7%", "20%"]
 
 
 def make_table(svc: Service):
     """The history table, not yet rendered: every tab's run refreshes it; :func:`build` places it."""
     import gradio as gr
 
-    return gr.Dataframe(headers=HEADERS, value=svc.history_rows, interactive=False, wrap=True, render=False)
+    return gr.Dataframe(headers=HEADERS, value=svc.history_rows, interactive=False, wrap=True, render=False,
+                        column_widths=WIDTHS, label="history", show_label=False,
+                        elem_id="kinegen-history")
 
 
 @dataclasses.dataclass
 class HistoryTab:
-    """The table, its Refresh button and the selected run's output (a video, or else an image)."""
+    """The table, its Refresh button and the selected profile's report."""
 
     table: Any
     refresh: Any
-    video: Any
-    image: Any
+    report: Any
 
     @property
     def outputs(self) -> list:
         """The components :meth:`show` fills."""
-        return [self.video, self.image]
+        return [self.report]
 
     @staticmethod
-    def show(entry: dict[str, Any]) -> list:
-        """Updates for :attr:`outputs`: the entry's video, or its image (a profile's zip shows nothing)."""
+    def show(entry: dict[str, Any] | None) -> list:
+        """Updates for :attr:`outputs`: a profile's report, or nothing (another run shows in its own tab)."""
         import gradio as gr
 
-        out = entry["output"]
-        is_video = out.endswith(".mp4")
-        return [gr.update(value=out if is_video else None, visible=is_video),
-                gr.update(value=None if is_video or out.endswith(".zip") else out, visible=not is_video)]
+        is_profile = entry is not None and entry["type"] == "profile"
+        return [gr.update(value=entry["output"] if is_profile else None, visible=is_profile)]
 
 
 def build(ctx: TabContext) -> HistoryTab:
     import gradio as gr
 
     with gr.Tab("History", id=TAB_ID):
-        gr.Markdown("This server's recent runs, newest first. Click a row to load its settings into "
-                    "the Generate (or GAN) tab.")
+        gr.Markdown("This server's recent runs, newest first. Click a row to see its output with its settings in "
+                    "the Generate (or GAN) tab; a profile's row offers its report here.")
         table = ctx.history.render()
         refresh = gr.Button("Refresh")
-        video = gr.Video(label="Selected output", format="mp4")
-        image = gr.Image(label="Selected output", type="filepath", visible=False)
+        report = gr.File(label="Selected profile's report (zip)", visible=False)
     refresh.click(ctx.svc.history_rows, None, [table], api_visibility="private")
-    return HistoryTab(table=table, refresh=refresh, video=video, image=image)
+    return HistoryTab(table=table, refresh=refresh, report=report)
