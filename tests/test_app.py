@@ -315,3 +315,52 @@ def test_stop_in_chromium_cancels_the_run_and_frees_the_model(page, running_app)
     assert sorted(os.listdir(config.output_dir)) == files and len(svc.history_rows()) == runs
     path = Client(url, verbose=False).predict(prompt="a red circle moving right", steps=2, api_name="/generate")
     assert path.endswith(".mp4")
+
+
+def test_kinegen_app_flags_auth_file_concurrency_and_max_queue(tmp_path, monkeypatch):
+    """`kinegen app --auth-file F --concurrency 1 --max-queue 1`: the file's logins work (others do not), and with
+    one run going and one waiting, a third request is turned away by the queue, while the first two finish."""
+    import logging
+
+    from gradio_client import Client
+
+    from kinegen.apps import web
+    from kinegen.cli import main
+
+    launched, real_launch = {}, web.launch_app
+
+    def launch(config, **kw):  # the real launch, without blocking the test
+        launched["config"], launched["app"] = config, real_launch(config, **kw, prevent_thread_lock=True, quiet=True)
+        return launched["app"]
+
+    monkeypatch.setattr(web, "launch_app", launch)
+    (tmp_path / "users").write_text("# the team\nalice:pw1\n\nbob:pw2\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    handlers = list(logging.getLogger("kinegen").handlers)
+    try:
+        assert main(["app", "--port", str(port), "--models", "tiny-wan", "--gan-models", "--output-dir",
+                     str(tmp_path / "out"), "--auth-file", str(tmp_path / "users"), "--concurrency", "1",
+                     "--max-queue", "1"]) == 0
+        config = launched["config"]
+        assert config.auth == [("alice", "pw1"), ("bob", "pw2")] and (config.concurrency, config.max_queue) == (1, 1)
+        url = f"http://127.0.0.1:{port}/"
+        with pytest.raises(Exception):  # noqa: B017 (gradio_client's own error for a refused login)
+            Client(url, auth=("alice", "pw2"), verbose=False)
+        clients = [Client(url, auth=("bob", "pw2"), verbose=False) for _ in range(3)]
+        slow = dict(prompt="a red circle", height=64, width=64, frames=17, steps=60)
+        jobs = [c.submit(seed=i, api_name="/generate", **slow) for i, c in enumerate(clients)]
+        outcomes = []
+        for job in jobs:
+            try:
+                outcomes.append(job.result(timeout=120))
+            except Exception as e:  # noqa: BLE001 (gradio_client raises its own errors)
+                outcomes.append(e)
+        refused = [o for o in outcomes if isinstance(o, Exception)]
+        assert len(refused) == 1 and "Queue is full" in str(refused[0])
+        assert sum(isinstance(o, str) and o.endswith(".mp4") for o in outcomes) == 2
+    finally:
+        if "app" in launched:
+            launched["app"].close()
+        logging.getLogger("kinegen").handlers[:] = handlers
