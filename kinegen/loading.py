@@ -13,9 +13,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .adapters import ModelAdapter, adapter_for_pipeline_class
 from .errors import (
@@ -29,6 +27,9 @@ from .errors import (
 from .memory import out_of_memory_guard
 from .registry import MODELS, ModelSpec, get_model_spec
 from .text import env_flag
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _assets_dir() -> Path:
@@ -48,15 +49,15 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "spiece.model", "
 
 # ---------------------------------------------------------------------------- device and dtype
 
-_DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-}
+# torch is imported where it is used, so that `kinegen models` and `kinegen --help` do not wait 3 s for it.
+_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+           "float16": "float16", "fp16": "float16", "half": "float16"}
 
 
 def pick_device(device: str | torch.device | None = None) -> torch.device:
     """The requested device, else CUDA, else MPS, else CPU."""
+    import torch
+
     if device is not None and str(device) != "auto":
         dev = torch.device(device)
         if dev.type == "cuda" and not torch.cuda.is_available():
@@ -71,11 +72,13 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
 
 def pick_dtype(device: torch.device, dtype: str | torch.dtype | None = None) -> torch.dtype:
     """The requested dtype, else bf16 on CUDA (fp16 where bf16 is unsupported), fp16 on MPS, fp32 on CPU."""
+    import torch
+
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype is not None and dtype != "auto":
         try:
-            return _DTYPES[str(dtype).lower()]
+            return getattr(torch, _DTYPES[str(dtype).lower()])
         except KeyError:
             raise KinegenError(f"Unknown dtype {dtype!r}; use one of: auto, {', '.join(_DTYPES)}.") from None
     if device.type == "cuda":
@@ -376,6 +379,8 @@ def load_pipeline(
     The returned pipeline carries ``pipe.kinegen_spec`` (a :class:`~kinegen.registry.ModelSpec`
     with the model's default size, frames, steps and guidance).
     """
+    import torch
+
     resolved = model if isinstance(model, ResolvedModel) else resolve_model(model)
     dev = pick_device(device)
     dt = pick_dtype(dev, dtype)

@@ -191,3 +191,15 @@ def test_folder_declares_its_generation_defaults(saved_wan, tmp_path):
     assert read_generation_defaults(ASSETS_DIR / "models" / bundled.bundled) == {
         "height": bundled.height, "width": bundled.width, "frames": bundled.frames, "steps": bundled.steps,
         "guidance": bundled.guidance, "fps": bundled.fps}
+
+
+def test_kinegen_models_answers_without_importing_torch():
+    """`kinegen models` lists the registry without loading torch (it took 5-11 s when it did)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from kinegen.cli import main; rc = main(['models']); "
+            "print('torch' in sys.modules, 'diffusers' in sys.modules); sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "kinegen-shapes-t2v" in out.stdout and out.stdout.strip().splitlines()[-1] == "False False"
