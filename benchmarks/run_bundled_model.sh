@@ -17,4 +17,5 @@ for seed in 1 2; do
       -o "$OUT/adherence_seeds/train_seed$seed.json" | tee "$OUT/adherence_seeds/train_seed$seed.log"
 done
 "$PY" benchmarks/adherence_ceiling.py --clips 200 -o "$OUT/ceiling.json" | tee "$OUT/ceiling.log"
-"$PY" benchmarks/first_frame.py --model kinegen-shapes-t2v --grid "$OUT/first_frame.png" | tee "$OUT/first_frame.log"
+"$PY" benchmarks/first_frame.py --model kinegen-shapes-t2v --grid "$OUT/first_frame.png" --output "$OUT/first_frame.json" \
+    | tee "$OUT/first_frame.log"

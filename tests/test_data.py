@@ -28,8 +28,17 @@ def test_same_seed_same_clip():
 
 @pytest.mark.parametrize("frames, h, w", [(1, 16, 16), (5, 48, 96), (33, 128, 128), (17, 256, 144)])
 def test_any_size_and_length(frames, h, w):
-    clip = render_clip(sample_clip(7), frames, h, w)
+    spec = sample_clip(7)  # a purple triangle moving left by `travel` of the width, starting at `start`
+    o = spec.primary
+    assert (o.shape, o.colour, o.motion) == ("triangle", "purple", "left")
+    clip = render_clip(spec, frames, h, w)
     assert clip.shape == (frames, h, w, 3) and clip.dtype == np.uint8
+    xs, ys, _ = _object_track(clip, o.colour)
+    # the same scene at every size: positions are fractions of the frame
+    assert xs[0] / w == pytest.approx(o.start[0], abs=0.03) and ys[0] / h == pytest.approx(o.start[1], abs=0.03)
+    if frames > 1:
+        assert xs[-1] / w == pytest.approx(o.start[0] - o.travel, abs=0.03)
+        assert np.all(np.diff(xs) <= 1e-9) and np.ptp(ys) / h < 0.03
 
 
 def _object_track(clip: np.ndarray, colour: str):

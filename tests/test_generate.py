@@ -14,20 +14,28 @@ from kinegen.cli import main
 from kinegen.media import read_video
 
 
-@pytest.mark.parametrize("model, fields, shape", [
-    ("tiny-wan", dict(frames=5, height=48, width=80), (5, 48, 80, 3)),
-    ("tiny-hunyuanvideo", dict(frames=9, height=32, width=48), (9, 32, 48, 3)),
-    ("tiny-cogvideox", dict(frames=17, height=48, width=32), (17, 48, 32, 3)),
-    ("tiny-flux", dict(height=48, width=32), (1, 48, 32, 3)),
+@pytest.mark.parametrize("model, fields, shape, calls_per_step", [
+    ("tiny-wan", dict(frames=5, height=48, width=80), (5, 48, 80, 3), 2),  # CFG: conditional + unconditional call
+    ("tiny-hunyuanvideo", dict(frames=9, height=32, width=48), (9, 32, 48, 3), 1),  # guidance embedded
+    ("tiny-cogvideox", dict(frames=17, height=48, width=32), (17, 48, 32, 3), 1),  # CFG batched in one call
+    ("tiny-flux", dict(height=48, width=32), (1, 48, 32, 3), 1),  # guidance embedded
 ])
-def test_api_generates_requested_shape(load_tiny, model, fields, shape):
+def test_api_generates_requested_shape(load_tiny, model, fields, shape, calls_per_step):
     pipe = load_tiny(model)
-    result = kinegen.generate(pipe, "a red circle moving right", seed=0, steps=3, **fields)
+    seen = []
+    hook = pipe.transformer.register_forward_pre_hook(lambda *_: seen.append(1))
+    try:
+        result = kinegen.generate(pipe, "a red circle moving right", seed=0, steps=3, **fields)
+    finally:
+        hook.remove()
     assert result.frames.shape == shape
     assert result.frames.dtype == np.float32
-    assert 0.0 <= result.frames.min() and result.frames.max() <= 1.0
-    assert result.timings["transformer_calls"] >= 3
-    assert result.timings["total"] >= result.timings["transformer"] > 0
+    assert 0.0 <= result.frames.min() and result.frames.max() <= 1.0 and result.frames.std() > 0.01
+    assert result.timings["transformer_calls"] == len(seen) == 3 * calls_per_step
+    assert result.request.steps == 3 and (result.request.height, result.request.width) == shape[1:3]
+    t = result.timings
+    assert t["total"] >= t["transformer"] > 0
+    assert t["total"] == pytest.approx(t["text_encoder"] + t["transformer"] + t["vae_decode"] + t["other"], rel=1e-6)
 
 
 def test_same_seed_same_output_different_seed_different(wan):

@@ -219,10 +219,20 @@ def test_reuse_modes_differ_and_stay_finite(wan, reuse):
 
 
 def test_batch_of_two_and_block_groups(wan):
-    res = kinegen.generate(wan, "a red circle", seed=1, steps=8, accelerators=[
-        "mapguided:speedup=1.6,max_error=inf,overhead=0,map=recorded,group_size=2"])
+    spec = "mapguided:speedup=1.6,max_error=inf,overhead=0,map=recorded,group_size=2"
+    kinegen.generate(wan, "a red circle", seed=1, steps=8, accelerators=[spec])  # records the map (once per size)
+    ran = [0]
+    hook = wan.transformer.blocks[1].ffn.register_forward_pre_hook(lambda *_: ran.__setitem__(0, ran[0] + 1))
+    try:
+        res = kinegen.generate(wan, "a red circle", seed=1, steps=8, accelerators=[spec])
+    finally:
+        hook.remove()
     st = res.accelerators[0]
-    assert st["groups"] == ["blocks.0-1"] and np.array(st["plan"]).shape == (8, 1)
+    plan = np.array(st["plan"], dtype=bool)
+    assert st["groups"] == ["blocks.0-1"] and plan.shape == (8, 1) and 0 < plan.sum() < 8
+    # both blocks of the group are computed or reused together: per step and guidance branch, 2 blocks or none
+    assert st["block_evaluations"] == 2 * 8 * 2 and st["block_evaluations_executed"] == 2 * 2 * int(plan.sum())
+    assert ran[0] == 2 * int(plan.sum())  # the second block ran exactly at the computed steps (x 2 branches)
     def batch():
         return wan(prompt=["a red circle", "a blue square"], num_inference_steps=4, height=64, width=64, num_frames=9,
                    guidance_scale=1.0, output_type="np", generator=torch.Generator().manual_seed(0)).frames
@@ -278,7 +288,17 @@ def test_calibrate_writes_a_predictor_that_the_cache_uses(wan, tiny_predictor):
     folder, report = tiny_predictor
     assert report["records"] == 5 and report["held_out_prompts"] == 1
     assert (folder / "model.safetensors").is_file() and (folder / "maps.jsonl").is_file()
-    assert -1 <= report["metrics"]["held_out"]["spearman_predicted_mean"] <= 1
+    from kinegen.caching.tvmap import load_maps
+    from kinegen.models.map_predictor import MapPredictor
+
+    predictor = MapPredictor.load(folder)
+    held = [r for r in load_maps(folder / "maps.jsonl") if r["prompt"] in report["held_out_prompt_list"]]
+    assert len(held) == 1
+    with torch.no_grad():
+        predicted = np.exp(predictor(torch.tensor([held[0]["features"]]))[0].double().numpy())
+    truth = np.asarray(held[0]["map"])
+    rho = spearman(resample(predicted, truth.shape[0]), truth)  # the held-out figure is this prompt's rank correlation
+    assert report["metrics"]["held_out"]["spearman_predicted_mean"] == pytest.approx(rho, abs=1e-9)
     profile = np.array(report["sensitivity"]["profile"])  # one probe run per inner step and prompt
     assert profile.shape == (8,) and (profile > 0).all() and profile.mean() == pytest.approx(1.0)
     res = _gen(wan, f"mapguided:speedup=2,max_error=inf,overhead=0,map=predicted,predictor={folder}")
@@ -364,12 +384,26 @@ def test_composes_with_an_attention_accelerator(wan):
                for m in wan.transformer.modules() if hasattr(m, "processor") and m.processor is not None)
 
 
-def test_sensitivity_probes_follow_the_group_size(wan):
+def test_sensitivity_probes_follow_the_group_size(wan, monkeypatch):
+    import kinegen.caching.map_guided as mg
     from kinegen.training.calibrate import measure_sensitivity
 
+    probes, real = [], mg.apply_fixed_plan
+
+    def spy(pipe, plan, run, group_size=1, **kw):
+        probes.append((plan.copy(), group_size))
+        return real(pipe, plan, run, group_size=group_size, **kw)
+
+    monkeypatch.setattr(mg, "apply_fixed_plan", spy)
     out = measure_sensitivity(wan, ["a red circle moving right"], group_size=2, steps=4, height=64, width=64,
                               frames=9)
-    assert len(out["profile"]) == 4 and np.isfinite(out["profile"]).all()
+    # tiny-wan's two blocks form one group: one probe per inner step, reusing that group at that step only
+    expected = [np.array([[t != s] for t in range(4)]) for s in (1, 2)]
+    assert [g for _, g in probes] == [2, 2]
+    assert all(np.array_equal(p, e) for (p, _), e in zip(probes, expected, strict=True))
+    profile = np.array(out["profile"])
+    assert profile.shape == (4,) and np.isfinite(profile).all() and (profile > 0).all()
+    assert profile[0] == profile[1] and profile[-1] == profile[-2] and profile.mean() == pytest.approx(1.0)
 
 
 def test_a_fixed_plan_is_executed_and_a_wrong_shape_is_refused(wan):

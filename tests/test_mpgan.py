@@ -60,6 +60,11 @@ def test_networks_run_and_switch_all_changes(mp):
     assert all(m.mp == mp for m in convs)
     assert (g.out_gain is not None) == mp and hasattr(g, "head1") == mp and hasattr(g, "const") == (not mp)
     assert (len(g.transitions) == 0) == mp and isinstance(d.class_embed, ClassEmbedding) == mp
+    # R3GAN2's shared class init: at initialisation every class has the same embedding, so neither G's image nor
+    # D's projection logit depends on the class yet; the baseline's embeddings differ from the start
+    other = torch.tensor([1, 2, 3, 0, 3])
+    img2 = g(z, other)
+    assert torch.equal(img2, img) == mp and torch.equal(d(img, other), logits) == mp
 
 
 def test_free_transitions_resample_without_parameters():
@@ -272,7 +277,14 @@ def test_gan_metrics_tell_real_images_from_noise():
     bad = evaluate_images(clf, real, labels, noise, labels, kid_subset=48)
     assert same["fd"] < bad["fd"] / 3 and same["kid"] < bad["kid"]
     assert same["precision"] > 0.5 > bad["precision"] and same["recall"] > 0.5 > bad["recall"]
-    assert same["modes"] == 12 and 0 <= same["class_accuracy"] <= 1
+    assert same["modes"] == 12 and same["n_real"] == same["n_fake"] == n
+    for m in (same, bad):  # 8 images of each class: the accuracy is the mean of the per-class accuracies
+        per_class = np.array(m["per_class_accuracy"])
+        assert m["class_accuracy"] == pytest.approx(per_class.mean())
+        assert m["modes_covered"] == int((per_class >= 0.5).sum())
+    with torch.no_grad():  # ... and the classifier's reading of the generated (here: other real) images
+        pred = clf(torch.from_numpy(other).permute(0, 3, 1, 2).float() / 127.5 - 1).argmax(1).numpy()
+    assert same["class_accuracy"] == pytest.approx((pred == labels).mean())
 
 
 def test_bundled_gan_evaluation_classifier_knows_the_classes():

@@ -51,12 +51,19 @@ def test_dense_against_itself(wan_report):
     assert again["speedup"] == pytest.approx(dense["latency_s"]["median"] / again["latency_s"]["median"])
 
 
-def test_cached_run_differs_and_is_reported(wan_report):
+def test_cached_run_differs_and_is_reported(wan_report, wan):
     report, _ = wan_report
     fb = report.run("first-block:threshold=1.0")
-    assert fb["psnr_db"] < metrics.PSNR_CAP_DB
-    assert 0 < fb["ssim"] < 1
     assert fb["accelerator_stats"] == [{"name": "first-block", "config": {"threshold": 1.0}}]
+    # the figures are the mean over the requests of each output against the dense output of the same request
+    psnr, ssim = [], []
+    for prompt in ("a red circle", "a blue square"):
+        dense = kinegen.generate(wan, prompt, seed=0, steps=6).frames
+        cached = kinegen.generate(wan, prompt, seed=0, steps=6, accelerators=["first-block:threshold=1.0"]).frames
+        psnr.append(metrics.psnr(dense, cached))
+        ssim.append(metrics.ssim(dense, cached))
+    assert fb["psnr_db"] == pytest.approx(np.mean(psnr), rel=1e-9) and fb["psnr_db"] < metrics.PSNR_CAP_DB
+    assert fb["ssim"] == pytest.approx(np.mean(ssim), rel=1e-9) and fb["ssim"] < 1
 
 
 def test_files_written(wan_report):
@@ -99,6 +106,22 @@ def test_metrics_on_known_values():
     assert metrics.psnr(ref, noisy) == pytest.approx(10 * np.log10(1 / mse), rel=1e-6)
     assert metrics.ssim(ref, ref) == pytest.approx(1.0)
     assert metrics.ssim(ref, rng.random(ref.shape)) < 0.2
+    # flat images a and b: no variance, so SSIM is its luminance term (2ab + C1) / (a^2 + b^2 + C1), C1 = 0.01^2
+    flat = np.full((2, 16, 16, 3), 0.5)
+    assert metrics.ssim(flat, flat + 0.1) == pytest.approx((2 * 0.5 * 0.6 + 1e-4) / (0.5**2 + 0.6**2 + 1e-4), rel=1e-9)
+    # against torchmetrics' uniform 7x7 SSIM (population covariance, so a little lower than scikit-image's)
+    import torch
+    from torchmetrics.functional.image import structural_similarity_index_measure
+
+    to_t = lambda a: torch.from_numpy(a).permute(0, 3, 1, 2)  # noqa: E731
+    for test in (np.clip(ref + rng.normal(0, 0.1, ref.shape), 0, 1), 0.8 * ref + 0.1):
+        theirs = structural_similarity_index_measure(to_t(test), to_t(ref), gaussian_kernel=False, kernel_size=7,
+                                                     data_range=1.0).item()
+        assert metrics.ssim(ref, test) == pytest.approx(theirs, abs=3e-3)
+    # PSNR of a perturbation that clipping does not touch: +-0.05 on a checkerboard of pixels, MSE 0.0025
+    sign = np.where(np.indices(ref.shape).sum(0) % 2 == 0, 1.0, -1.0)
+    mid = 0.25 + 0.5 * ref
+    assert metrics.psnr(mid, mid + 0.05 * sign) == pytest.approx(10 * np.log10(1 / 0.0025), rel=1e-9)
     with pytest.raises(ValueError, match="shapes"):
         metrics.psnr(ref, ref[:2])
 

@@ -132,11 +132,24 @@ def test_vae_first_frame_weight_scales_frame_0_and_keeps_the_mean():
 
 
 def test_adherence_classifier_shapes():
+    import numpy as np
+
     from kinegen.models.adherence import AdherenceClassifier, downsample_frames, prepare
 
-    frames = torch.randint(0, 255, (2, 9, 128, 96, 3), dtype=torch.uint8)
-    x = prepare(downsample_frames(frames))
-    assert x.shape == (2, 3, 17, 64, 64) and -1 <= x.min() and x.max() <= 1
+    frames = torch.zeros(2, 9, 128, 96, 3, dtype=torch.uint8)
+    frames[..., :48, 0] = 255  # left half red
+    frames[..., 2] = (20 * torch.arange(9, dtype=torch.uint8)).view(1, 9, 1, 1)  # blue ramps up over time
+    small = downsample_frames(frames)
+    assert small.shape == (2, 9, 64, 64, 3) and small.dtype == torch.uint8
+    assert (small[..., :32, 0] == 255).all() and (small[..., 32:, 0] == 0).all()  # 96 -> 64: 1.5 pixels a column
+    x = prepare(small)
+    assert x.shape == (2, 3, 17, 64, 64)
+    torch.testing.assert_close(x[:, 0, :, :, :32], torch.ones(2, 17, 64, 32))  # [0, 255] -> [-1, 1]
+    torch.testing.assert_close(x[:, 0, :, :, 32:], -torch.ones(2, 17, 64, 32))
+    # 9 frames -> 17 by linear interpolation (half-pixel centres, clamped at the ends)
+    pos = np.clip((np.arange(17) + 0.5) * 9 / 17 - 0.5, 0, 8)
+    blue = np.interp(pos, np.arange(9), 20 * np.arange(9)) / 255 * 2 - 1
+    torch.testing.assert_close(x[0, 2, :, 10, 10], torch.tensor(blue, dtype=torch.float32), atol=1e-5, rtol=0)
     logits = AdherenceClassifier()(x)
     assert {k: v.shape for k, v in logits.items()} == {"shape": (2, 4), "colour": (2, 7), "motion": (2, 8)}
 

@@ -149,6 +149,10 @@ def run(args) -> int:
         "transformer_calls": t["transformer_calls"], "accelerators": result.accelerators,
         "warnings": result.warnings,
     }
+    planned = next((st for st in result.accelerators if st["name"] == "mapguided" and st.get("map")), None)
+    if args.heatmap and planned is not None:  # with --json too
+        _write_heatmap(args.heatmap, planned, spec.name, r.steps)
+        summary["heatmap"] = str(args.heatmap)
     if args.json:
         print(json.dumps(json_safe(summary), indent=2, default=str))
         return 0
@@ -163,8 +167,8 @@ def run(args) -> int:
             print(f"  {name}: {text}")
         if st.get("warning"):
             print(f"warning: {st['warning']}", file=sys.stderr)
-        if args.heatmap and st["name"] == "mapguided" and st.get("map"):
-            _write_heatmap(args.heatmap, st, spec.name, r.steps)
+    if "heatmap" in summary:
+        print(f"wrote {args.heatmap} (TVMap and plan)")
     return 0
 
 
@@ -174,7 +178,6 @@ def _write_heatmap(path: str, st: dict, model: str, steps: int) -> None:
     save_heatmap(path, st["map"], st.get("plan"), st.get("groups"),
                  f"{model}, {steps} steps: planned {st['chosen_speedup']:.2f}x, "
                  f"{st['achieved_compute_fraction']:.0%} of block evaluations computed; map {st['map_source']}")
-    print(f"wrote {path} (TVMap and plan)")
 
 
 def _output(args, kind: str) -> Path:
