@@ -13,7 +13,6 @@ that names the nearest valid values.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
 import warnings
@@ -97,6 +96,8 @@ def _check_model_free(r: GenerationRequest) -> None:
         raise InvalidRequestError("The prompt is empty; describe what to generate, e.g. \"a red circle moving right\".")
     if len(r.prompt) > MAX_PROMPT_CHARS:
         raise InvalidRequestError(f"The prompt has {len(r.prompt)} characters; the limit is {MAX_PROMPT_CHARS}.")
+    if r.negative_prompt is not None and not isinstance(r.negative_prompt, str):
+        raise InvalidRequestError(f"The negative prompt must be text; got {type(r.negative_prompt).__name__}.")
     if r.negative_prompt is not None and len(r.negative_prompt) > MAX_PROMPT_CHARS:
         raise InvalidRequestError(f"The negative prompt is longer than {MAX_PROMPT_CHARS} characters.")
     if r.steps is not None and (not _is_int(r.steps) or not 1 <= r.steps <= MAX_STEPS):
@@ -109,10 +110,15 @@ def _check_model_free(r: GenerationRequest) -> None:
             raise InvalidRequestError(f"{name} must be a positive integer up to {MAX_SIDE}; got {v!r}.")
     for name in ("guidance", "true_cfg_scale"):
         v = getattr(r, name)
-        if v is not None and (not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= 100):
+        if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 100):  # nan too
             raise InvalidRequestError(f"{name} must be a number between 0 and 100; got {v!r}.")
     if not _is_int(r.seed) or not 0 <= r.seed < 2**63:
         raise InvalidRequestError(f"seed must be an integer between 0 and 2**63 - 1; got {r.seed!r}.")
+    if r.image is not None and not isinstance(r.image, (str, os.PathLike)):
+        from PIL import Image
+
+        if not isinstance(r.image, Image.Image):
+            raise InvalidRequestError(f"image must be a file path or a PIL image; got {type(r.image).__name__}.")
 
 
 def _nearest_multiples(value: int, multiple: int) -> str:
@@ -136,15 +142,24 @@ def _load_image(image):
     if isinstance(image, Image.Image):
         return image.convert("RGB")
     path = Path(image)
+    if path.is_dir():
+        raise InvalidRequestError(f"Input image {path} is a folder; give an image file (PNG, JPEG or WebP).")
     if not path.is_file():
         raise InvalidRequestError(f"Input image {path} does not exist.")
+    too_large = f"Input image {path} is larger than 4096x4096 pixels; resize it first."
     try:
         with Image.open(path) as im:
             if im.width * im.height > 4096 * 4096:
-                raise InvalidRequestError(f"Input image {path} is larger than 4096x4096 pixels.")
+                raise InvalidRequestError(too_large)
             return im.convert("RGB")
     except UnidentifiedImageError:
-        raise InvalidRequestError(f"{path} is not an image file Pillow can read.") from None
+        raise InvalidRequestError(f"{path} is not an image file Pillow can read; give a PNG, JPEG or WebP "
+                                  "image.") from None
+    except Image.DecompressionBombError:  # Pillow refuses to open it at all
+        raise InvalidRequestError(too_large) from None
+    except OSError as e:  # a header Pillow reads, then truncated or corrupt data
+        raise InvalidRequestError(f"Input image {path} is damaged ({e}); give a whole PNG, JPEG or WebP "
+                                  "image.") from None
 
 
 def _fill_and_check(spec: ModelSpec, adapter: ModelAdapter, pipe, request: GenerationRequest) -> GenerationRequest:
@@ -236,6 +251,10 @@ def prepare(pipe, prompt: str | GenerationRequest, **fields) -> GenerationJob:
         raise InvalidRequestError(f"{spec.name} is a class-conditional GAN: it takes class names, not prompts. "
                                   "Use kinegen.generate_class_images(pipe, class_labels=[...]) or "
                                   "`kinegen generate --model ... --class NAME`.")
+    valid = [f.name for f in dataclasses.fields(GenerationRequest)]
+    unknown = sorted(set(fields) - set(valid))
+    if unknown:
+        raise InvalidRequestError(f"Unknown request field(s) {', '.join(unknown)}; valid fields: {', '.join(valid)}.")
     request = prompt if isinstance(prompt, GenerationRequest) else GenerationRequest(prompt=prompt, **fields)
     request = _fill_and_check(spec, adapter, pipe, request)
     notes = tuple(_vocabulary_warnings(pipe, spec, request))
@@ -289,6 +308,7 @@ def run_job(job: GenerationJob, accelerators=(), step_callback=None) -> Generati
     from .timing import StageTimer
 
     kwargs = job.pipeline_kwargs()
+    accelerators = [accelerators] if isinstance(accelerators, str) else accelerators  # one spec, not its letters
     if step_callback is not None:
         steps = job.request.steps
 

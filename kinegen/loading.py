@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -59,7 +60,10 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
     import torch
 
     if device is not None and str(device) != "auto":
-        dev = torch.device(device)
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError):
+            raise KinegenError(f"Unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps.") from None
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise KinegenError("--device cuda was requested but no CUDA GPU is visible to torch.")
         return dev
@@ -155,6 +159,8 @@ def check_model_folder(folder: str | os.PathLike) -> list[str]:
         index = json.loads(index_path.read_text())
     except json.JSONDecodeError as e:
         return [f"a valid model_index.json ({e})"]
+    if not isinstance(index, dict):
+        return ["a valid model_index.json (it holds a JSON object naming the pipeline and its components)"]
     missing: list[str] = []
     for comp, value in index.items():
         if comp.startswith("_") or not isinstance(value, list) or len(value) != 2 or value[0] is None:
@@ -205,7 +211,10 @@ def _download_hint(repo_id: str, name: str | None = None) -> str:
 
 def _family_of_folder(folder: Path) -> tuple[str, ModelAdapter]:
     """(pipeline class name, family adapter) of a diffusers folder; a clear error for classes nobody drives."""
-    cls = json.loads((Path(folder) / "model_index.json").read_text()).get("_class_name", "?")
+    cls = json.loads((Path(folder) / "model_index.json").read_text()).get("_class_name")
+    if not isinstance(cls, str) or not cls:
+        raise ModelNotFoundError(f"{folder}/model_index.json names no pipeline class (its \"_class_name\" is "
+                                 f"{cls!r}); copy model_index.json from the original checkpoint.")
     try:
         return cls, adapter_for_pipeline_class(cls)
     except UnsupportedModelError as e:
@@ -243,10 +252,13 @@ def read_generation_defaults(folder: str | os.PathLike) -> dict[str, Any]:
     unknown = sorted(set(raw) - set(_DEFAULT_TYPES))
     if unknown:
         raise ConfigError(f"{path}: unknown keys {unknown}; valid keys: {', '.join(_DEFAULT_TYPES)}.")
-    try:
-        return {k: _DEFAULT_TYPES[k](v) for k, v in raw.items()}
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{path}: {e}; the values are numbers.") from e
+    for k, v in raw.items():  # JSON numbers of the right kind: 2.5 steps or a NaN guidance is a broken file
+        ok = (isinstance(v, int) and not isinstance(v, bool) and v >= 1 if _DEFAULT_TYPES[k] is int else
+              isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf)
+        if not ok:
+            what = "a positive integer" if _DEFAULT_TYPES[k] is int else "a number >= 0"
+            raise ConfigError(f"{path}: {k} must be {what}, got {v!r}; fix or delete the file.")
+    return {k: _DEFAULT_TYPES[k](v) for k, v in raw.items()}
 
 
 def write_generation_defaults(folder: str | os.PathLike, **defaults) -> None:
@@ -281,8 +293,14 @@ def resolve_model(model: str | os.PathLike | None) -> ResolvedModel:
     from .registry import DEFAULT_MODEL
 
     model = DEFAULT_MODEL if model is None else model
+    if not isinstance(model, (str, os.PathLike)) or not str(model).strip():
+        raise ModelNotFoundError(f"A model is a registered name ({', '.join(MODELS)}), a local diffusers folder or a "
+                                 f"hub id (owner/name); got {model!r}.")
     text = os.fspath(model)
-    path = Path(text).expanduser()
+    try:
+        path = Path(text).expanduser()
+    except RuntimeError:  # "~user/..." for a user that does not exist
+        path = Path(text)
     if path.is_dir():
         missing = check_model_folder(path)
         if missing:
@@ -311,6 +329,9 @@ def resolve_model(model: str | os.PathLike | None) -> ResolvedModel:
                 raise IncompleteModelFolderError(str(local), missing, _download_hint(spec.repo_id, spec.name))
             return ResolvedModel(spec, folder=local, key=str(local))
         return ResolvedModel(spec, repo_id=spec.repo_id, key=spec.repo_id)
+    if path.is_file():
+        raise ModelNotFoundError(f"{text} is a file; a model is a diffusers folder (with model_index.json), a hub id "
+                                 f"(owner/name) or a registered name ({', '.join(MODELS)}).")
     if os.sep in text.rstrip(os.sep) and not _HUB_ID.match(text) or text.startswith((".", "~", "/")):
         raise ModelNotFoundError(f"The folder {text} does not exist. Pass an existing diffusers folder, a hub id "
                                  f"(owner/name) or a registered name ({', '.join(MODELS)}).")
@@ -384,7 +405,10 @@ def load_pipeline(
     resolved = model if isinstance(model, ResolvedModel) else resolve_model(model)
     dev = pick_device(device)
     dt = pick_dtype(dev, dtype)
-    offload = {True: "model", False: None, "none": None}.get(cpu_offload, cpu_offload)
+    try:
+        offload = {True: "model", False: None, "none": None}.get(cpu_offload, cpu_offload)
+    except TypeError:  # unhashable: refused just below
+        offload = cpu_offload
     if offload not in (None, "model", "sequential"):
         raise KinegenError(f"cpu_offload must be 'model', 'sequential' or False, not {cpu_offload!r}.")
     if offload and dev.type == "cpu":
@@ -455,7 +479,8 @@ def _from_folder(folder: Path, dtype: torch.dtype):
         return cls.from_pretrained(folder, dtype=dtype, use_safetensors=True, local_files_only=True)
     except Exception as e:  # corrupt or mismatched files: one line, not a traceback
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelNotFoundError(f"diffusers could not load {folder} as a {cls_name}: {first}") from None
+        raise ModelNotFoundError(f"diffusers could not load {folder} as a {cls_name}: {first.rstrip('.')}. Restore "
+                                 "the folder from the original checkpoint (or download it again).") from None
 
 
 def describe_models() -> list[dict[str, Any]]:

@@ -428,10 +428,11 @@ def test_eval_adherence_writes_the_per_attribute_accuracy(wan, tmp_path):
 
 def test_eval_gan_writes_the_documented_metrics(tmp_path):
     from kinegen.evaluation.gan_metrics import load_classifier
+    from kinegen.loading import ASSETS_DIR
     from kinegen.pipelines import MPGANPipeline
 
     out = tmp_path / "gan.json"
-    folder = str(Path(kinegen.loading.ASSETS_DIR) / "models" / "kinegen-shapes-gan")
+    folder = str(Path(ASSETS_DIR) / "models" / "kinegen-shapes-gan")
     _cli("eval", "gan", "--model", folder, "--images", "48", "-o", str(out))
     m = json.loads(out.read_text())
     assert {"fd", "kid", "kid_std", "precision", "recall", "class_accuracy", "modes_covered", "modes"} <= set(m)

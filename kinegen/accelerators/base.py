@@ -163,7 +163,10 @@ def _coerce(text: str, typ: Any, key: str, name: str):
         if typ is int:
             return int(text)
         if typ is float:
-            return float(text)
+            value = float(text)
+            if value != value:  # nan: it would pass every bound check
+                raise ValueError(text)
+            return value
         if typ is str:
             return text
         if origin is tuple:
@@ -190,6 +193,8 @@ def build_config(acc: Accelerator, options: str = ""):
             raise ConfigError(f"{acc.name}: expected key=value, got {item!r}.")
         if key not in fields:
             raise ConfigError(f"{acc.name}: unknown key {key!r}. Valid keys: {', '.join(sorted(fields)) or '(none)'}.")
+        if key in kwargs:
+            raise ConfigError(f"{acc.name}: {key} is given twice; give it once.")
         kwargs[key] = _coerce(value.strip(), hints[key], key, acc.name)
     try:
         return acc.config_cls(**kwargs)

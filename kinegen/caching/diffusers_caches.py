@@ -23,6 +23,7 @@ import ast
 import contextlib
 import dataclasses
 import io
+import math
 
 from ..accelerators.base import AcceleratorHandle, RunInfo, register_accelerator
 from ..adapters import get_adapter, transformers_of
@@ -137,6 +138,13 @@ class MagCacheSpec:
     def __post_init__(self):
         if self.threshold < 0 or self.max_skip_steps < 0 or not 0 <= self.retention_ratio <= 1:
             raise ValueError("threshold >= 0, max_skip_steps >= 0 and 0 <= retention_ratio <= 1 are required")
+        if self.ratios not in ("auto", "calibrate"):  # checked when parsed, not after the model has loaded
+            try:
+                values = [float(x) for x in str(self.ratios).replace(" ", "/").split("/") if x]
+            except ValueError:
+                values = []
+            if not values or not all(math.isfinite(v) for v in values):
+                raise ValueError(f"ratios must be auto, calibrate or numbers separated by '/'; got {self.ratios!r}")
 
 
 def calibrate_mag_ratios(pipe, run: RunInfo) -> list[float]:

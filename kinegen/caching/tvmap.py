@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 
@@ -73,5 +74,18 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
 
 def load_maps(path: str | os.PathLike) -> list[dict]:
     """Recorded maps, one JSON object per line (as ``kinegen calibrate`` writes them)."""
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    from ..errors import ConfigError
+
+    if not Path(path).is_file():
+        raise ConfigError(f"{path} does not exist; give the maps.jsonl an earlier `kinegen calibrate` wrote.")
+    records = []
+    with open(path, errors="replace") as f:
+        for i, line in enumerate(f, 1):
+            try:
+                record = json.loads(line) if line.strip() else None
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path} line {i} is not a JSON map record ({e}); give the maps.jsonl an "
+                                  "earlier `kinegen calibrate` wrote.") from None
+            if record is not None:
+                records.append(record)
+    return records

@@ -49,8 +49,15 @@ def read_auth(args) -> list[tuple[str, str]] | None:
     if args.auth_file:
         path = Path(args.auth_file)
         if not path.is_file():
-            raise ConfigError(f"--auth-file {path} does not exist.")
-        lines += [ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.strip().startswith("#")]
+            raise ConfigError(f"--auth-file {path} {'is a folder' if path.is_dir() else 'does not exist'}; give a "
+                              "text file of USER:PASSWORD lines.")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            why = "it is not UTF-8 text" if isinstance(e, UnicodeDecodeError) else e.strerror or type(e).__name__
+            raise ConfigError(f"--auth-file {path} cannot be read ({why}); give a readable text file of "
+                              "USER:PASSWORD lines.") from None
+        lines += [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
     pairs = []
     for line in lines:
         user, sep, password = line.partition(":")
@@ -63,10 +70,20 @@ def read_auth(args) -> list[tuple[str, str]] | None:
 def run(args) -> int:
     from ..apps.service import AppConfig
     from ..apps.web import launch_app
+    from ..errors import ConfigError
     from ..loading import resolve_model
 
-    for m in list(args.models) + list(args.gan_models):
-        resolve_model(m)  # unknown names and incomplete folders fail here, before the server starts
+    if not 1 <= args.port <= 65535:
+        raise ConfigError(f"--port must be between 1 and 65535; got {args.port}.")
+    if Path(args.output_dir).exists() and not Path(args.output_dir).is_dir():
+        raise ConfigError(f"--output-dir {args.output_dir} is a file; give a folder for the outputs.")
+    for flag, names, gan in (("--models", args.models, False), ("--gan-models", args.gan_models, True)):
+        for m in names:
+            spec = resolve_model(m).spec  # unknown names and incomplete folders fail here, before the server starts
+            if spec is not None and (spec.adapter.conditioning == "class") != gan:
+                other = "--models" if gan else "--gan-models"
+                raise ConfigError(f"{flag} {m}: it is {'not ' if gan else ''}a class-conditional GAN; give it "
+                                  f"with {other}.")
     config = AppConfig(models=list(args.models), gan_models=list(args.gan_models), output_dir=Path(args.output_dir),
                        concurrency=args.concurrency, max_queue=args.max_queue, rate_limit=args.rate_limit,
                        auth=read_auth(args))

@@ -4,6 +4,7 @@ step-sensitivity profile, and report the predictor's rank correlation on held-ou
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from .common import add_generation_flags, add_loading_flags, load, request_fields
 
@@ -48,6 +49,13 @@ def run(args) -> int:
     if not 0 <= args.held_out < 1 or args.seeds < 1 or args.group_size < 1 or args.sensitivity_prompts < 0:
         raise ConfigError("--held-out must be in [0, 1), --seeds and --group-size at least 1, "
                           "--sensitivity-prompts at least 0.")
+    if args.train_steps < 1:
+        raise ConfigError("--train-steps must be at least 1.")
+    if Path(args.output).exists() and not Path(args.output).is_dir():
+        raise ConfigError(f"--output {args.output} is a file; give a folder for the predictor.")
+    if args.maps and not Path(args.maps).is_file():
+        raise ConfigError(f"--maps {args.maps} does not exist; give the maps.jsonl an earlier `kinegen calibrate` "
+                          "wrote, or drop --maps to record maps.")
     pipe, _ = load(args)
     pipe.set_progress_bar_config(disable=True)
 

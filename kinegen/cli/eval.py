@@ -47,9 +47,12 @@ def add_parser(subparsers) -> None:
 
 
 def run_adherence(args) -> int:
+    from ..errors import ConfigError
     from ..evaluation.adherence import evaluate_adherence, load_classifier
     from ..media import atomic_path
 
+    if args.prompts < 1:
+        raise ConfigError("--prompts must be at least 1 (100 or more for a stable estimate).")
     accelerators = accelerator_flags(args)
     classifier = load_classifier(args.classifier)
     pipe, _ = load(args)
@@ -79,13 +82,17 @@ def run_adherence(args) -> int:
 def run_gan(args) -> int:
     from ..errors import ConfigError
     from ..evaluation.gan_metrics import evaluate_pipeline, load_classifier
+    from ..loading import load_pipeline, resolve_model
     from ..media import atomic_write_text
-    from ..pipelines import MPGANPipeline
 
     if args.images < 24:
         raise ConfigError("--images must be at least 24 (two per class); 1000 or more for stable FD/KID.")
+    resolved = resolve_model(args.model)  # a missing or incomplete folder, or an unknown name: a clear error
+    if resolved.folder is None or resolved.spec is None or resolved.spec.adapter.conditioning != "class":
+        raise ConfigError(f"{args.model} is not a class-conditional GAN here; `kinegen eval gan` takes a local "
+                          "MPGANPipeline folder (from `kinegen train gan`) or kinegen-shapes-gan.")
     clf = load_classifier(args.classifier)
-    pipe = MPGANPipeline.from_pretrained(args.model, use_safetensors=True)
+    pipe = load_pipeline(resolved, device="cpu", dtype="fp32", cache=False)  # corrupt files: a clear error too
     m = evaluate_pipeline(pipe, args.images, clf, seed=args.seed, fid_weights=args.inception_weights)
     print(f"{args.model}: FD {m['fd']:.4f} | KID {m['kid']:.5f} +- {m['kid_std']:.5f} | precision "
           f"{m['precision']:.3f} recall {m['recall']:.3f} | class accuracy {m['class_accuracy']:.1%} | modes "

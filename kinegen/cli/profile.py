@@ -4,6 +4,7 @@ latency, transformer time, speedup, peak memory and fidelity against dense, writ
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from .common import EPILOG_ACCEL, add_generation_flags, add_loading_flags, load, request_fields, tiny_model_note
 
@@ -37,6 +38,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
+    from ..errors import ConfigError
     from ..generation import GenerationRequest
     from ..profiling.report import markdown_table
     from ..profiling.runner import parse_config, profile
@@ -45,6 +47,10 @@ def run(args) -> int:
     for p in args.prompt:
         GenerationRequest(prompt=p, **fields)  # the model-free checks, before loading
     configs = [parse_config(c) for c in args.config]
+    if args.seeds < 1 or args.repeats < 1 or args.warmup < 0:
+        raise ConfigError("--seeds and --repeats must be at least 1 and --warmup at least 0.")
+    if Path(args.output).exists() and not Path(args.output).is_dir():
+        raise ConfigError(f"--output {args.output} is a file; give a folder for the report.")
     pipe, _ = load(args)
     note = tiny_model_note(pipe.kinegen_spec)
     if note:

@@ -43,6 +43,7 @@ def run(args) -> int:
     import dataclasses
 
     cfg = args.config_cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args.config_cls)})
+    check_settings(args, cfg)
     if args.what == "gan-classifier":
         from ..training.gan_classifier import train_classifier
 
@@ -62,6 +63,48 @@ def run(args) -> int:
     if args.export:
         _export(result, Path(args.export), cfg)
     return 0
+
+
+# Settings whose range is not the default (an integer >= 1, a number >= 0): inclusive bounds, None = open.
+_RANGES = {"seed": (0, None), "crop": (8, 64), "size": (8, None), "resolution": (8, None), "cfg_dropout": (0, 1),
+           "ema": (0, 1), "out_gain_init": (None, None)}
+
+
+def check_settings(args, cfg) -> None:
+    """Every setting in range and every folder usable, before a run folder is made or any work starts."""
+    import dataclasses
+    import math
+
+    from ..errors import ConfigError
+
+    for flag, path, what in (("--run", args.run, "a new one, or an earlier run's to continue it"),
+                             ("--export", args.export, "for the exported model")):
+        if path and Path(path).exists() and not Path(path).is_dir():
+            raise ConfigError(f"{flag} {path} is a file; give a folder ({what}).")
+    for f in dataclasses.fields(cfg):
+        value, flag = getattr(cfg, f.name), f"--{f.name.replace('_', '-')}"
+        if f.name == "max_minutes":
+            if value is not None and not 0 < value < math.inf:
+                raise ConfigError(f"{flag} must be a number of minutes above 0 (or unset: no time limit); got {value}.")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            lo, hi = _RANGES.get(f.name, (1 if isinstance(value, int) else 0, None))
+            if not -math.inf < value < math.inf or (lo is not None and value < lo) or (hi is not None and value > hi):
+                want = "a finite number" if lo is None else f"{lo} to {hi}" if hi is not None else f"at least {lo}"
+                raise ConfigError(f"{flag} must be {want}; got {value}.")
+        elif f.name in ("vae", "init") and value and not Path(value).is_dir():
+            hint = "train one with `kinegen train vae`" if f.name == "vae" else "give a folder an earlier run exported"
+            raise ConfigError(f"{flag} {value} is not a folder; {hint}.")
+    if getattr(cfg, "decoder_only", False) and not cfg.init:
+        raise ConfigError("--decoder-only fine-tunes a trained VAE's decoder: pass --init VAE_FOLDER.")
+    if args.what == "t2v":  # what train_t2v checks first, as errors rather than tracebacks
+        from ..training.t2v import _init_files, parse_shape_weights
+
+        try:
+            parse_shape_weights(cfg.shape_weights)
+            if cfg.init:
+                _init_files(Path(cfg.init))
+        except (ValueError, FileNotFoundError) as e:
+            raise ConfigError(str(e)) from None
 
 
 def _export(result: Path, dest: Path, cfg) -> None:

@@ -190,10 +190,13 @@ class MapPredictor(nn.Module):
         try:
             fields = {f.name for f in dataclasses.fields(MapPredictorConfig)}
             raw = json.loads(cfg_path.read_text())
+            if not isinstance(raw, dict):
+                raise ValueError("it must hold a JSON object")
             config = MapPredictorConfig(**{k: v for k, v in raw.items() if k in fields})
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"{cfg_path} is not a valid Map Predictor config: {e}") from None
-        model = cls(config)
+            model = cls(config)  # wrong-typed or negative sizes fail here
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise ConfigError(f"{cfg_path} is not a valid Map Predictor config: {e}. Recalibrate with "
+                              "`kinegen calibrate --model M --prompts FILE`.") from None
         try:
             model.load_state_dict(load_file(str(weights)))
         except RuntimeError as e:

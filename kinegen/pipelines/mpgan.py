@@ -83,7 +83,8 @@ class MPGANPipeline(DiffusionPipeline):
         names = self.class_names
         lookup = {n.lower(): i for i, n in enumerate(names)}
         out = []
-        for label in [labels] if isinstance(labels, (int, str)) else list(labels):
+        one = isinstance(labels, (int, str)) or not hasattr(labels, "__iter__")  # 1.5 is one (unknown) class
+        for label in [labels] if one else list(labels):
             if isinstance(label, (int, np.integer)) and not isinstance(label, bool):
                 if not 0 <= int(label) < len(names):
                     raise ValueError(f"class index {label} is out of range 0..{len(names) - 1}.")

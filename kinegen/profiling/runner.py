@@ -48,6 +48,9 @@ class ProfileConfig:
 
 def parse_config(text: str) -> ProfileConfig:
     """``"dense"``, one spec ``"mag:threshold=0.1"``, or several joined by ``+`` (at most one per kind)."""
+    if not isinstance(text, str):
+        raise ConfigError(f"A configuration is text such as 'dense' or 'first-block:threshold=0.08+hva'; got "
+                          f"{type(text).__name__}.")
     text = text.strip()
     if text in (DENSE, "none"):
         return ProfileConfig(DENSE)
@@ -222,6 +225,8 @@ def profile(pipe, prompts: list[str] | str, configs: list[str | ProfileConfig], 
             for p in prompts for s in range(seeds)]
     if output_dir is not None:  # fail on an unwritable folder before hours of work
         out = Path(output_dir)
+        if out.exists() and not out.is_dir():
+            raise InvalidRequestError(f"The output folder {out} is a file; give a folder for the report.")
         out.mkdir(parents=True, exist_ok=True)
         if not os.access(out, os.W_OK):
             raise InvalidRequestError(f"The output folder {out} is not writable.")

@@ -30,8 +30,13 @@ EPS = 1e-6
 def read_prompts(path: str | Path) -> list[str]:
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"prompt file {p} does not exist; give a text file with one prompt per line.")
-    prompts = [line.strip() for line in p.read_text().splitlines() if line.strip() and not line.startswith("#")]
+        what = "is a folder" if p.is_dir() else "does not exist"
+        raise ConfigError(f"prompt file {p} {what}; give a text file with one prompt per line.")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"prompt file {p} is not UTF-8 text; give a text file with one prompt per line.") from None
+    prompts = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
     if len(prompts) < 4:
         raise ConfigError(f"{p} has {len(prompts)} prompts; calibration needs at least 4 (50 or more is better).")
     return prompts

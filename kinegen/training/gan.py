@@ -34,7 +34,11 @@ from .phema import PowerEMA
 
 
 def network_config(cfg: GANTrainConfig, num_classes: int) -> GANConfig:
-    widths = tuple(int(w) for w in str(cfg.widths).replace("/", ",").split(",") if w.strip())
+    try:
+        widths = tuple(int(w) for w in str(cfg.widths).replace("/", ",").split(",") if w.strip())
+    except ValueError:
+        raise ConfigError(f"widths must be integers separated by commas, e.g. 128,128,128,64; got "
+                          f"{cfg.widths!r}.") from None
     if cfg.variant not in GAN_DEFAULT_LR:
         raise ConfigError(f"variant must be 'mp' or 'r3gan', got {cfg.variant!r}.")
     flags = {k: cfg.variant == "mp" for k in MP_SWITCHES}
@@ -129,6 +133,20 @@ def make_data(cfg: GANTrainConfig):
 # ---------------------------------------------------------------------------- training
 
 
+def ema_sigmas(cfg: GANTrainConfig) -> tuple[float, ...]:
+    """``ema_sigma_rels`` ("0.05,0.10") as numbers, each a valid relative EMA width."""
+    from .phema import sigma_rel_to_gamma
+
+    try:
+        sigmas = tuple(float(s) for s in cfg.ema_sigma_rels.split(","))
+        for s in sigmas:
+            sigma_rel_to_gamma(s)
+    except ValueError:
+        raise ConfigError(f"ema_sigma_rels must be numbers in (0, 0.28) separated by commas, e.g. 0.05,0.10; got "
+                          f"{cfg.ema_sigma_rels!r}.") from None
+    return sigmas
+
+
 def _cos(step: int, total: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(step / max(total, 1), 1.0)))
 
@@ -138,9 +156,10 @@ def train_gan(run_dir: str | Path, cfg: GANTrainConfig) -> Path:
     from safetensors.torch import save_file
 
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     data = make_data(cfg)
     net = network_config(cfg, len(data.classes))
+    sigmas = ema_sigmas(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)  # after the settings are known to be good: no empty run folders
     meta = {"train": dataclasses.asdict(cfg), "network": dataclasses.asdict(net), "classes": data.classes}
     meta_path = run_dir / "run.json"
     if meta_path.is_file():
@@ -154,7 +173,6 @@ def train_gan(run_dir: str | Path, cfg: GANTrainConfig) -> Path:
     if g.out_gain is not None:
         with torch.no_grad():
             g.out_gain.fill_(cfg.out_gain_init)
-    sigmas = tuple(float(s) for s in cfg.ema_sigma_rels.split(","))
     ema = PowerEMA(g, sigmas)
     lr0 = cfg.lr or GAN_DEFAULT_LR[cfg.variant]
     opt_g = torch.optim.Adam(g.parameters(), lr=lr0, betas=(0.0, 0.9), eps=1e-8)
