@@ -222,6 +222,7 @@ def build(ctx: TabContext) -> GenerateTab:
     run_event = run_btn.click(run_generate, gen_inputs,
                               [preview, video, image_out, dense_video, info, heatmap, pattern, seed, ctx.history],
                               concurrency_id="device", api_visibility="undocumented")
+
     def stop_run(request: gr.Request):
         """The Stop button: this session's run ends at its next denoising step; nothing is written."""
         cancel = running.get(getattr(request, "session_hash", None) or "")
