@@ -1,0 +1,229 @@
+"""Block-causal attention for a Wan transformer: a per-layer KV cache of committed chunks, or a block-causal mask.
+
+Autoregressive video (Self-Forcing, CausVid, LongLive; ../shared/reference/autoregressive_dasa.md, section 2)
+denoises a chunk of latent frames at a time. Each self-attention layer's queries of the current chunk attend to
+its own keys and to the keys of every committed chunk, which are cached:
+
+- keys are cached **after RoPE** (each frame's rotary phase is its absolute latent-frame index, so cached keys
+  never need rotating again and dropping frames from the cache cannot misplace the rest);
+- a chunk is **committed** by one forward of its clean latents (timestep 0, Self-Forcing's ``context_noise``),
+  whose keys and values are appended; the denoising forwards before it only read the cache;
+- **sink frames** (the first ones) stay in the cache for ever and a **rolling window** keeps the most recent
+  frames, so memory and per-chunk cost stay flat over any length (LongLive's frame sink and short window).
+
+The same processor runs a whole sequence at once with a **block-causal mask** (chunk ``i`` sees chunks ``<= i``),
+which is what diffusion-forcing training needs and what the cached path must equal (tested). No sequence is padded:
+diffusers 0.42's AnyFlow-FAR path pads to a multiple of 128 without a mask, so its queries attend to zeros.
+
+:func:`make_causal` installs the processors and a frame-offset RoPE on a ``WanTransformer3DModel`` and returns a
+:class:`CausalWanState` through which a pipeline drives them; :meth:`CausalWanState.remove` restores the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import ConfigError
+
+
+@dataclasses.dataclass
+class KVCacheConfig:
+    """How much history each layer keeps, in latent frames.
+
+    Attributes:
+        sink_frames: the first frames, kept for ever (an attention sink; 0 = none).
+        window_frames: frames kept in all, sinks included (None = every committed frame: a global cache, whose
+            memory grows linearly with the video).
+    """
+
+    sink_frames: int = 0
+    window_frames: int | None = None
+
+    def __post_init__(self):
+        if self.sink_frames < 0:
+            raise ConfigError(f"sink_frames must be 0 or more; got {self.sink_frames}.")
+        if self.window_frames is not None and self.window_frames <= self.sink_frames:
+            raise ConfigError(f"window_frames ({self.window_frames}) must be larger than sink_frames "
+                              f"({self.sink_frames}): the window holds the sinks and at least one recent frame.")
+
+
+class LayerKVCache:
+    """One self-attention layer's committed keys (after RoPE) and values, ``[B, tokens, heads, head_dim]``, with the
+    latent-frame index of each block of ``tokens_per_frame`` tokens."""
+
+    def __init__(self):
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.frames: list[int] = []
+
+    def append(self, k: torch.Tensor, v: torch.Tensor, frames: list[int]) -> None:
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=1)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=1)
+        self.frames += frames
+
+    def evict(self, config: KVCacheConfig, tokens_per_frame: int) -> None:
+        """Keep the sink frames and the most recent ``window_frames - sink_frames`` frames."""
+        if config.window_frames is None or len(self.frames) <= config.window_frames:
+            return
+        keep = list(range(config.sink_frames)) + list(
+            range(len(self.frames) - (config.window_frames - config.sink_frames), len(self.frames)))
+        idx = torch.cat([torch.arange(i * tokens_per_frame, (i + 1) * tokens_per_frame) for i in keep])
+        idx = idx.to(self.k.device)
+        self.k, self.v = self.k.index_select(1, idx), self.v.index_select(1, idx)
+        self.frames = [self.frames[i] for i in keep]
+
+    def clear(self) -> None:
+        self.k = self.v = None
+        self.frames = []
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.k is None else self.k.numel() * self.k.element_size() * 2
+
+
+@dataclasses.dataclass
+class CausalWanState:
+    """What one forward of the transformer does, set by the pipeline before each call.
+
+    Attributes:
+        tokens_per_frame: tokens of one latent frame after patching (set by each forward from its input).
+        frame_offset: the absolute latent-frame index of the input's first frame (its RoPE phase).
+        commit: append this forward's keys and values to the cache (a committed chunk's clean pass).
+        chunk_ids: for a whole-sequence forward, the chunk of each latent frame; queries then see keys of their
+            own and earlier chunks (the block-causal mask) and the cache is neither read nor written.
+    """
+
+    transformer: nn.Module
+    cache_config: KVCacheConfig
+    caches: list[LayerKVCache]
+    tokens_per_frame: int = 0
+    frame_offset: int = 0
+    commit: bool = False
+    chunk_ids: torch.Tensor | None = None
+    _restore: list = dataclasses.field(default_factory=list)
+
+    @property
+    def cached_frames(self) -> list[int]:
+        return list(self.caches[0].frames) if self.caches else []
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(c.nbytes for c in self.caches)
+
+    def clear(self) -> None:
+        for c in self.caches:
+            c.clear()
+
+    def remove(self) -> None:
+        """Put the model's own processors and RoPE back."""
+        for undo in reversed(self._restore):
+            undo()
+        self._restore.clear()
+
+
+def rope_at(rope: nn.Module, num_frames: int, height: int, width: int, frame_offset: int):
+    """Wan's 3D RoPE (cos, sin) ``[1, tokens, 1, head_dim]`` for a latent of ``num_frames`` frames starting at
+    absolute frame ``frame_offset`` (``WanRotaryPosEmbed`` always starts at 0). ``height``/``width`` are latent
+    sizes, before patching."""
+    p_t, p_h, p_w = rope.patch_size
+    ppf, pph, ppw = num_frames // p_t, height // p_h, width // p_w
+    first = frame_offset // p_t
+    if first + ppf > rope.max_seq_len:
+        raise ConfigError(f"latent frame {first + ppf} is past the model's RoPE table ({rope.max_seq_len} positions); "
+                          "generate fewer frames.")
+    sizes = [rope.t_dim, rope.h_dim, rope.w_dim]
+    parts = []
+    for table in (rope.freqs_cos, rope.freqs_sin):
+        t, h, w = table.split(sizes, dim=1)
+        grid = torch.cat([t[first:first + ppf].view(ppf, 1, 1, -1).expand(ppf, pph, ppw, -1),
+                          h[:pph].view(1, pph, 1, -1).expand(ppf, pph, ppw, -1),
+                          w[:ppw].view(1, 1, ppw, -1).expand(ppf, pph, ppw, -1)], dim=-1)
+        parts.append(grid.reshape(1, ppf * pph * ppw, 1, -1))
+    return parts[0], parts[1]
+
+
+class _OffsetRope(nn.Module):
+    """Stands in for ``transformer.rope``: the same tables, from ``state.frame_offset``."""
+
+    def __init__(self, rope: nn.Module, state: CausalWanState):
+        super().__init__()
+        self.inner, self.state = rope, state
+
+    def forward(self, hidden_states: torch.Tensor):
+        _, _, f, h, w = hidden_states.shape
+        _, p_h, p_w = self.inner.patch_size
+        self.state.tokens_per_frame = (h // p_h) * (w // p_w)  # read by the processors of this forward
+        return rope_at(self.inner, f, h, w, self.state.frame_offset)
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Wan's rotary embedding on ``[B, tokens, heads, dim]`` (interleaved pairs), as diffusers applies it."""
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    cos, sin = cos[..., 0::2], sin[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
+    return out.type_as(x)
+
+
+def block_causal_mask(chunk_ids: torch.Tensor, tokens_per_frame: int) -> torch.Tensor:
+    """Boolean ``[tokens, tokens]``: query token i may see key token j when j's chunk is not after i's."""
+    per_token = chunk_ids.repeat_interleave(tokens_per_frame)
+    return per_token[None, :] <= per_token[:, None]
+
+
+class CausalWanSelfAttention:
+    """Self-attention processor of one Wan block (``attn1``): the cache path or the block-causal mask path."""
+
+    def __init__(self, state: CausalWanState, cache: LayerKVCache):
+        self.state, self.cache = state, cache
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
+        if encoder_hidden_states is not None:
+            raise ConfigError("CausalWanSelfAttention belongs on self-attention (attn1), not cross-attention.")
+        q, k, v = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+        q, k = attn.norm_q(q), attn.norm_k(k)
+        q, k, v = (t.unflatten(2, (attn.heads, -1)) for t in (q, k, v))
+        if rotary_emb is not None:
+            q, k = _apply_rope(q, *rotary_emb), _apply_rope(k, *rotary_emb)
+        s = self.state
+        if s.chunk_ids is not None:  # one forward over the whole sequence, block-causal
+            mask = block_causal_mask(s.chunk_ids.to(q.device), s.tokens_per_frame)
+            keys, values = k, v
+        else:
+            mask = None
+            keys = k if self.cache.k is None else torch.cat([self.cache.k, k], dim=1)
+            values = v if self.cache.v is None else torch.cat([self.cache.v, v], dim=1)
+            if s.commit:
+                frames = hidden_states.shape[1] // s.tokens_per_frame
+                self.cache.append(k.detach(), v.detach(), list(range(s.frame_offset, s.frame_offset + frames)))
+                self.cache.evict(s.cache_config, s.tokens_per_frame)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+                                             attn_mask=mask)
+        out = out.transpose(1, 2).flatten(2, 3).type_as(q)
+        return attn.to_out[1](attn.to_out[0](out))
+
+
+def make_causal(transformer: nn.Module, cache_config: KVCacheConfig | None = None) -> CausalWanState:
+    """Install block-causal self-attention with a KV cache on every block of a ``WanTransformer3DModel``.
+
+    Returns the state the pipeline sets before each forward (``frame_offset``, ``commit``, ``chunk_ids``;
+    ``tokens_per_frame`` follows the input's size). ``state.remove()`` restores the model.
+    """
+    if not hasattr(transformer, "blocks") or not hasattr(transformer, "rope"):
+        raise ConfigError(f"{type(transformer).__name__} is not a Wan transformer (it needs .blocks and .rope).")
+    state = CausalWanState(transformer=transformer, cache_config=cache_config or KVCacheConfig(), caches=[])
+    for block in transformer.blocks:
+        cache = LayerKVCache()
+        state.caches.append(cache)
+        original = block.attn1.processor
+        block.attn1.set_processor(CausalWanSelfAttention(state, cache))
+        state._restore.append(lambda b=block, p=original: b.attn1.set_processor(p))
+    rope = transformer.rope
+    transformer.rope = _OffsetRope(rope, state)
+    state._restore.append(lambda: setattr(transformer, "rope", rope))
+    return state

@@ -1,0 +1,273 @@
+"""Autoregressive Wan: a video generated chunk by chunk of latent frames, each attending to a KV cache of the
+committed ones (block-causal attention from :mod:`kinegen.pipelines.causal_wan`).
+
+Per chunk (Self-Forcing's inference loop; ../shared/reference/autoregressive_dasa.md, section 2):
+
+1. fresh noise for the chunk's latent frames, denoised in ``num_inference_steps`` steps (the scheduler restarts
+   for every chunk), each forward reading the cache (classifier-free guidance runs both branches as one batch of
+   two, so the cache holds both);
+2. one more forward of the clean chunk at timestep 0 **commits** it: its keys and values join the cache, which
+   keeps ``sink_frames`` and a rolling ``window_frames`` (memory and cost per chunk stay flat) or every frame;
+3. a new prompt from the schedule at this chunk **re-caches** (LongLive): the cache is emptied and the clean
+   latents of the frames it held are committed again under the new prompt, at their own positions.
+
+Chunks: the first holds ``first_chunk_frames`` latent frames (1: the VAE encodes the first video frame alone),
+every later one ``chunk_frames``, so a video of ``num_frames = 4k + 1`` frames (k + 1 latent frames) needs
+``k + 1 - first_chunk_frames`` divisible by ``chunk_frames``; anything else is refused with the valid counts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from diffusers import WanPipeline
+from diffusers.utils import BaseOutput
+
+from ..errors import ConfigError, InvalidRequestError
+from .causal_wan import KVCacheConfig, make_causal
+
+
+@dataclasses.dataclass
+class ChunkStats:
+    """What one chunk cost: its latent frames, seconds (denoising, commit), the cache's frames and bytes after it."""
+
+    index: int
+    frames: list[int]
+    denoise_s: float
+    commit_s: float
+    cached_frames: list[int]
+    kv_bytes: int
+
+
+@dataclasses.dataclass
+class WanAutoregressiveOutput(BaseOutput):
+    """``frames``: the videos (as ``output_type`` asks); ``chunk_stats``: one :class:`ChunkStats` per chunk."""
+
+    frames: Any
+    chunk_stats: list
+
+
+@dataclasses.dataclass
+class StreamedChunk:
+    """One committed chunk from :meth:`WanAutoregressivePipeline.stream`: its video frames ``[F, H, W, 3]`` in
+    [0, 1] (a first chunk of one latent frame is one video frame; later latent frames are four each)."""
+
+    index: int
+    num_chunks: int
+    frames: np.ndarray
+    stats: ChunkStats
+    decode_s: float
+
+
+class StreamingWanDecoder:
+    """Wan's causal VAE decoder run chunk by chunk with its own feature cache, so decoding chunk after chunk gives
+    exactly the frames one decode of the whole latent video gives (``AutoencoderKLWan._decode`` does the same loop
+    frame by frame, but empties the cache on every call)."""
+
+    def __init__(self, vae):
+        self.vae = vae
+        self.cache = [None] * vae._cached_conv_counts["decoder"]
+        self.first = True
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Normalised latents ``[B, C, f, h, w]`` (as the transformer makes them) -> frames in [-1, 1]."""
+        from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+
+        vae = self.vae
+        z = latents.to(vae.device, vae.dtype)
+        mean = torch.tensor(vae.config.latents_mean).view(1, vae.config.z_dim, 1, 1, 1).to(z)
+        std = torch.tensor(vae.config.latents_std).view(1, vae.config.z_dim, 1, 1, 1).to(z)
+        x = vae.post_quant_conv(z * std + mean)
+        outs = []
+        for i in range(x.shape[2]):
+            outs.append(vae.decoder(x[:, :, i:i + 1], feat_cache=self.cache, feat_idx=[0], first_chunk=self.first))
+            self.first = False
+        out = torch.cat(outs, dim=2)
+        if vae.config.patch_size is not None:
+            out = unpatchify(out, patch_size=vae.config.patch_size)
+        return out.clamp(-1.0, 1.0)
+
+
+def chunk_partition(latent_frames: int, chunk_frames: int, first_chunk_frames: int = 1) -> list[int]:
+    """Latent frames per chunk: ``[first_chunk_frames, chunk_frames, chunk_frames, ...]``; a clear error naming the
+    nearest valid video frame counts when they do not add up."""
+    if chunk_frames < 1 or first_chunk_frames < 1:
+        raise ConfigError(f"chunk_frames and first_chunk_frames must be at least 1; got {chunk_frames} and "
+                          f"{first_chunk_frames}.")
+    rest = latent_frames - first_chunk_frames
+    if rest < 0 or rest % chunk_frames:
+        lo = max(0, rest // chunk_frames) * chunk_frames + first_chunk_frames
+        valid = [4 * (n - 1) + 1 for n in (lo, lo + chunk_frames) if n >= 1]
+        raise InvalidRequestError(
+            f"{latent_frames} latent frames do not split into a first chunk of {first_chunk_frames} and chunks of "
+            f"{chunk_frames}; try num_frames {' or '.join(map(str, valid))}.")
+    return [first_chunk_frames] + [chunk_frames] * (rest // chunk_frames)
+
+
+def _prompt_schedule(prompt: str | list[tuple[int, str]], chunks: int) -> dict[int, str]:
+    """``"..."`` or ``[(chunk, prompt), ...]`` starting at chunk 0 -> {chunk: prompt}."""
+    if isinstance(prompt, str):
+        return {0: prompt}
+    try:
+        schedule = {int(c): str(p) for c, p in prompt}
+    except (TypeError, ValueError):
+        raise InvalidRequestError("A prompt schedule is a list of (chunk index, prompt) pairs, e.g. "
+                                  "[(0, 'a red circle moving right'), (5, 'a red circle moving left')].") from None
+    if 0 not in schedule or min(schedule) < 0 or max(schedule) >= chunks:
+        raise InvalidRequestError(f"A prompt schedule starts at chunk 0 and names chunks 0 to {chunks - 1}; got "
+                                  f"{sorted(schedule)}.")
+    return schedule
+
+
+class WanAutoregressivePipeline(WanPipeline):
+    """Chunk-by-chunk Wan generation with a KV cache (components as ``WanPipeline``: tokenizer, text encoder,
+    transformer, VAE, scheduler). A bidirectional checkpoint runs too, but only a causally trained one (a
+    diffusion-forcing fine-tune) keeps long videos coherent."""
+
+    def _forward(self, latents, t, embeds, state, *, frame_offset: int, commit: bool):
+        state.frame_offset, state.commit = frame_offset, commit
+        timestep = torch.full((latents.shape[0],), float(t), device=latents.device)
+        return self.transformer(hidden_states=latents.to(self.transformer.dtype), timestep=timestep,
+                                encoder_hidden_states=embeds, return_dict=False)[0]
+
+    def _embeds(self, prompt: str, negative_prompt: str | None, guidance_scale: float, device):
+        cond, uncond = self.encode_prompt(prompt, negative_prompt, do_classifier_free_guidance=guidance_scale > 1,
+                                          max_sequence_length=self._max_sequence_length, device=device)
+        return cond if guidance_scale <= 1 else torch.cat([uncond, cond])
+
+    def _recache(self, state, clean: dict[int, torch.Tensor], chunk_of: dict[int, int], embeds) -> None:
+        """Empty the cache and commit the frames it held again under ``embeds``, chunk by chunk as they were first
+        committed (within a chunk frames see each other; a chunk never sees a later one)."""
+        frames = state.cached_frames
+        state.clear()
+        runs: list[list[int]] = []  # frames of one chunk at adjacent positions (a sink can split a chunk)
+        for f in frames:
+            if runs and chunk_of[f] == chunk_of[runs[-1][-1]] and f == runs[-1][-1] + 1:
+                runs[-1].append(f)
+            else:
+                runs.append([f])
+        for run in runs:
+            x = torch.cat([clean[f] for f in run], dim=2)
+            self._forward(x, 0, embeds, state, frame_offset=run[0], commit=True)
+
+    def _chunks(self, prompt, negative_prompt, height, width, num_frames, num_inference_steps, guidance_scale,
+                chunk_frames, first_chunk_frames, sink_frames, window_frames, generator, max_sequence_length):
+        """Denoise and commit chunk after chunk, yielding ``(chunk_latents, ChunkStats)``; the model is restored when
+        the generator finishes or is closed."""
+        device = self._execution_device
+        self._max_sequence_length = max_sequence_length
+        cache_config = KVCacheConfig(sink_frames=sink_frames, window_frames=window_frames)
+        if window_frames is not None and window_frames < chunk_frames:
+            raise ConfigError(f"window_frames ({window_frames}) is smaller than a chunk ({chunk_frames} frames); "
+                              "the window must hold at least one whole chunk.")
+        if num_frames % self.vae_scale_factor_temporal != 1:
+            raise InvalidRequestError(f"num_frames must be 4k + 1; got {num_frames}.")
+        latent_frames = (num_frames - 1) // self.vae_scale_factor_temporal + 1
+        partition = chunk_partition(latent_frames, chunk_frames, first_chunk_frames)
+        schedule = _prompt_schedule(prompt, len(partition))
+        h, w = height // self.vae_scale_factor_spatial, width // self.vae_scale_factor_spatial
+        channels = self.transformer.config.in_channels
+
+        state = make_causal(self.transformer, cache_config)
+        clean: dict[int, torch.Tensor] = {}  # committed latents of the frames in the cache, for re-caching
+        chunk_of: dict[int, int] = {}  # latent frame -> its chunk
+        try:
+            start = 0
+            embeds = None
+            for c, n in enumerate(partition):
+                if c in schedule:
+                    embeds = self._embeds(schedule[c], negative_prompt, guidance_scale, device)
+                    if c > 0:
+                        self._recache(state, clean, chunk_of, embeds)
+                t0 = time.perf_counter()
+                x = torch.randn((1, channels, n, h, w), generator=generator, dtype=torch.float32).to(device)
+                self.scheduler.set_timesteps(num_inference_steps, device=device)
+                for t in self.scheduler.timesteps:
+                    inp = torch.cat([x, x]) if guidance_scale > 1 else x
+                    pred = self._forward(inp, t, embeds, state, frame_offset=start, commit=False).float()
+                    if guidance_scale > 1:
+                        uncond, cond = pred.chunk(2)
+                        pred = uncond + guidance_scale * (cond - uncond)
+                    x = self.scheduler.step(pred, t, x, return_dict=False)[0]
+                t1 = time.perf_counter()
+                self._forward(torch.cat([x, x]) if guidance_scale > 1 else x, 0, embeds, state, frame_offset=start,
+                              commit=True)
+                for i in range(n):
+                    clean[start + i], chunk_of[start + i] = x[:, :, i:i + 1], c
+                for f in [f for f in clean if f not in state.cached_frames]:
+                    del clean[f]
+                yield x, ChunkStats(c, list(range(start, start + n)), t1 - t0, time.perf_counter() - t1,
+                                    state.cached_frames, state.kv_bytes), len(partition)
+                start += n
+        finally:
+            state.clear()
+            state.remove()
+
+    @torch.no_grad()
+    def __call__(self, prompt: str | list[tuple[int, str]], negative_prompt: str | None = None, height: int = 480,
+                 width: int = 832, num_frames: int = 81, num_inference_steps: int = 4, guidance_scale: float = 1.0,
+                 chunk_frames: int = 3, first_chunk_frames: int = 1, sink_frames: int = 0,
+                 window_frames: int | None = None, generator: torch.Generator | None = None,
+                 output_type: str = "np", max_sequence_length: int = 226,
+                 callback_on_chunk_end: Callable[[int, int, torch.Tensor], None] | None = None,
+                 return_dict: bool = True):
+        """Generate ``num_frames`` frames chunk by chunk, decoded at the end (:meth:`stream` decodes as it goes).
+
+        Args:
+            prompt: the prompt, or a schedule ``[(chunk index, prompt), ...]`` starting at chunk 0 (the cache is
+                rebuilt under the new prompt where it changes).
+            chunk_frames / first_chunk_frames: latent frames per chunk (see the module docstring).
+            sink_frames / window_frames: the KV cache's frame sink and rolling window, in latent frames
+                (``window_frames=None``: every frame stays, memory grows with the video).
+            callback_on_chunk_end: ``fn(chunk_index, num_chunks, chunk_latents)`` after each commit.
+
+        Returns a :class:`WanAutoregressiveOutput` (``return_dict=False``: ``(frames, chunk_stats)``).
+        """
+        chunks, stats = [], []
+        for x, st, total in self._chunks(prompt, negative_prompt, height, width, num_frames, num_inference_steps,
+                                         guidance_scale, chunk_frames, first_chunk_frames, sink_frames,
+                                         window_frames, generator, max_sequence_length):
+            chunks.append(x)
+            stats.append(st)
+            if callback_on_chunk_end is not None:
+                callback_on_chunk_end(st.index, total, x)
+        latents = torch.cat(chunks, dim=2)
+        video = latents if output_type == "latent" else self._decode(latents, output_type)
+        return WanAutoregressiveOutput(frames=video, chunk_stats=stats) if return_dict else (video, stats)
+
+    @torch.no_grad()
+    def stream(self, prompt: str | list[tuple[int, str]], **kwargs):
+        """Like calling the pipeline, but a generator of :class:`StreamedChunk`: each chunk's video frames, decoded
+        as soon as it is committed (the causal VAE carries its cache from chunk to chunk, so the frames are the
+        ones a decode of the whole video gives). Closing the generator stops the run and restores the model."""
+        decoder = StreamingWanDecoder(self.vae)
+        keys = ("negative_prompt", "height", "width", "num_frames", "num_inference_steps", "guidance_scale",
+                "chunk_frames", "first_chunk_frames", "sink_frames", "window_frames", "generator",
+                "max_sequence_length")
+        unknown = sorted(set(kwargs) - set(keys))
+        if unknown:
+            raise ConfigError(f"stream() takes {', '.join(keys)}; not {', '.join(unknown)}.")
+        args = dict(negative_prompt=None, height=480, width=832, num_frames=81, num_inference_steps=4,
+                    guidance_scale=1.0, chunk_frames=3, first_chunk_frames=1, sink_frames=0, window_frames=None,
+                    generator=None, max_sequence_length=226)
+        args.update(kwargs)
+        for x, st, total in self._chunks(prompt, **args):
+            t0 = time.perf_counter()
+            video = decoder.decode(x)
+            frames = np.asarray(self.video_processor.postprocess_video(video, output_type="np")[0], dtype=np.float32)
+            yield StreamedChunk(st.index, total, frames, st, time.perf_counter() - t0)
+
+    def _decode(self, latents: torch.Tensor, output_type: str) -> Any:
+        """The whole latent video at once, through the same decoder :meth:`stream` uses chunk by chunk."""
+        return self.video_processor.postprocess_video(StreamingWanDecoder(self.vae).decode(latents),
+                                                      output_type=output_type)
+
+
+def frames_array(out) -> np.ndarray:
+    """The first video of a pipeline output as float32 ``[F, H, W, 3]``."""
+    return np.asarray(out.frames[0], dtype=np.float32)

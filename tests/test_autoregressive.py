@@ -1,0 +1,157 @@
+"""Chunk-by-chunk Wan with a KV cache (issue 20, item 1): the cached path equals one block-causal forward, the
+rolling window keeps memory flat, a prompt change re-caches, bad settings are refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kinegen
+from kinegen.errors import ConfigError, InvalidRequestError
+from kinegen.pipelines.causal_wan import KVCacheConfig, make_causal
+from kinegen.pipelines.wan_ar import WanAutoregressivePipeline, chunk_partition
+
+
+@pytest.fixture(scope="module")
+def wan():
+    return kinegen.load_pipeline("tiny-wan")
+
+
+@pytest.fixture(scope="module")
+def ar(wan):
+    pipe = WanAutoregressivePipeline(**wan.components)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _inputs(tr, frames=6, size=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, tr.config.in_channels, frames, size, size, generator=g)
+    text = torch.randn(1, 8, tr.config.text_dim, generator=g)
+    return x, text, torch.tensor([500.0])
+
+
+@torch.no_grad()
+def test_cached_chunks_equal_one_block_causal_forward(wan):
+    """Chunks run one after another against the cache give exactly the rows of one forward over the whole sequence
+    with the block-causal mask; one chunk spanning everything is the model's own dense forward; remove() restores."""
+    tr = wan.transformer
+    x, text, t = _inputs(tr)
+    dense = tr(x, t, text, return_dict=False)[0]
+    state = make_causal(tr)
+    try:
+        state.chunk_ids = torch.tensor([0, 1, 1, 2, 2, 2])
+        masked = tr(x, t, text, return_dict=False)[0]
+        state.chunk_ids = None
+        rows = []
+        for start, n in ((0, 1), (1, 2), (3, 3)):
+            state.frame_offset, state.commit = start, True
+            rows.append(tr(x[:, :, start:start + n], t, text, return_dict=False)[0])
+        assert torch.equal(torch.cat(rows, dim=2), masked)
+        assert state.cached_frames == [0, 1, 2, 3, 4, 5]
+        assert state.kv_bytes == 2 * 2 * 6 * 16 * tr.config.num_attention_heads * tr.config.attention_head_dim * 4
+        assert not torch.allclose(masked, dense)  # later chunks see less than in the bidirectional forward
+        state.chunk_ids = torch.zeros(6, dtype=torch.long)  # an all-true mask: another SDPA kernel, same numbers
+        torch.testing.assert_close(tr(x, t, text, return_dict=False)[0], dense, rtol=0, atol=1e-6)
+    finally:
+        state.remove()
+    assert torch.equal(tr(x, t, text, return_dict=False)[0], dense)
+
+
+@torch.no_grad()
+def test_rolling_window_keeps_sinks_and_recent_frames_and_flat_memory(ar):
+    kw = dict(height=32, width=32, num_frames=33, chunk_frames=2, num_inference_steps=1,
+              generator=torch.Generator().manual_seed(0))
+    rolling = ar("a red circle", sink_frames=1, window_frames=5, **kw).chunk_stats
+    glob = ar("a red circle", **kw).chunk_stats
+    assert [s.frames for s in rolling][:3] == [[0], [1, 2], [3, 4]] and len(rolling) == 5
+    assert rolling[-1].cached_frames == [0, 5, 6, 7, 8]  # the sink, then the 4 most recent
+    per_frame = glob[0].kv_bytes
+    assert [s.kv_bytes for s in glob] == [per_frame * len(s.cached_frames) for s in glob] == \
+        [per_frame * n for n in (1, 3, 5, 7, 9)]  # a global cache grows linearly
+    assert [s.kv_bytes for s in rolling][2:] == [5 * per_frame] * 3  # flat once the window is full
+
+
+@torch.no_grad()
+def test_prompt_change_recaches_the_window_under_the_new_prompt(ar):
+    """After a switch the cache holds what committing the kept frames under the new prompt gives, chunk by chunk."""
+    kw = dict(height=32, width=32, num_frames=17, chunk_frames=2, num_inference_steps=1, sink_frames=1,
+              window_frames=3)
+    seen = {}
+
+    def keep(c, n, latents):
+        seen[c] = latents.clone()
+
+    out = ar([(0, "a red circle"), (2, "a blue square")], generator=torch.Generator().manual_seed(1),
+             callback_on_chunk_end=keep, output_type="latent", **kw)
+    same = ar("a red circle", generator=torch.Generator().manual_seed(1), output_type="latent", **kw)
+    assert torch.equal(out.frames[:, :, :3], same.frames[:, :, :3])  # chunks before the switch are unchanged
+    assert not torch.allclose(out.frames[:, :, 3:], same.frames[:, :, 3:])
+    # Re-caching after the window has dropped frames 1 and 2: the kept frames [0, 3, 4] are committed again under
+    # the new prompt, chunk by chunk (frame 0, then frames 3-4 seeing frame 0), as a fresh cache would hold them.
+    tr = ar.transformer
+    state = make_causal(tr, KVCacheConfig(sink_frames=1, window_frames=3))
+    try:
+        embeds = ar._embeds("a blue square", None, 1.0, "cpu")
+        for start, x in ((0, seen[0]), (3, seen[2])):
+            ar._forward(x, 0, embeds, state, frame_offset=start, commit=True)
+        assert state.cached_frames == [0, 3, 4]
+        expected_k = [c.k.clone() for c in state.caches]
+        state.clear()
+        clean = {0: seen[0], 1: seen[1][:, :, :1], 2: seen[1][:, :, 1:], 3: seen[2][:, :, :1], 4: seen[2][:, :, 1:]}
+        old = ar._embeds("a red circle", None, 1.0, "cpu")
+        for start, x in ((0, seen[0]), (1, seen[1]), (3, seen[2])):
+            ar._forward(x, 0, old, state, frame_offset=start, commit=True)
+        ar._recache(state, clean, {0: 0, 1: 1, 2: 1, 3: 2, 4: 2}, embeds)
+        assert state.cached_frames == [0, 3, 4]
+        for got, want in zip((c.k for c in state.caches), expected_k, strict=True):
+            torch.testing.assert_close(got, want)
+    finally:
+        state.remove()
+
+
+def test_bad_settings_are_refused_with_the_valid_values(ar):
+    with pytest.raises(InvalidRequestError, match="try num_frames 17 or 25"):
+        chunk_partition(6, 2)  # 6 latent frames (21 video frames) do not split into 1 + 2 + 2 + ...
+    assert chunk_partition(5, 2) == [1, 2, 2]
+    with pytest.raises(ConfigError, match="must be larger than sink_frames"):
+        KVCacheConfig(sink_frames=2, window_frames=2)
+    with pytest.raises(ConfigError, match="smaller than a chunk"):
+        ar("a red circle", height=32, width=32, num_frames=17, chunk_frames=4, window_frames=3)
+    with pytest.raises(InvalidRequestError, match="starts at chunk 0 and names chunks 0 to 2"):
+        ar([(1, "a red circle")], height=32, width=32, num_frames=17, chunk_frames=2)
+    with pytest.raises(InvalidRequestError, match="list of \\(chunk index, prompt\\) pairs"):
+        ar([("a red circle",)], height=32, width=32, num_frames=17, chunk_frames=2)
+    with pytest.raises(InvalidRequestError, match="4k \\+ 1"):
+        ar("a red circle", height=32, width=32, num_frames=16)
+    # A refused run leaves the model as it was: its own processors, no cache.
+    assert all(type(b.attn1.processor).__name__ == "WanAttnProcessor" for b in ar.transformer.blocks)
+
+
+@torch.no_grad()
+def test_stream_yields_each_chunk_decoded_as_the_whole_video_decodes(ar):
+    """stream() decodes chunk by chunk with the causal VAE's cache carried over: the frames, put together, are
+    the ones the one-shot call decodes; the first chunk (one latent frame) is one video frame, later ones four
+    per latent frame."""
+    import numpy as np
+
+    kw = dict(height=32, width=32, num_frames=17, chunk_frames=2, num_inference_steps=2, guidance_scale=3.0)
+    whole = np.asarray(ar("a red circle", generator=torch.Generator().manual_seed(3), **kw).frames[0])
+    parts = list(ar.stream("a red circle", generator=torch.Generator().manual_seed(3), **kw))
+    assert [p.frames.shape[0] for p in parts] == [1, 8, 8] and [p.index for p in parts] == [0, 1, 2]
+    np.testing.assert_allclose(np.concatenate([p.frames for p in parts]), whole, rtol=0, atol=1e-6)
+    # The chunked decoder is diffusers' own decode, up to the order of float operations.
+    from kinegen.pipelines.wan_ar import StreamingWanDecoder
+
+    z = torch.randn(1, ar.vae.config.z_dim, 5, 4, 4, generator=torch.Generator().manual_seed(0))
+    mean = torch.tensor(ar.vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(ar.vae.config.latents_std).view(1, -1, 1, 1, 1)
+    torch.testing.assert_close(StreamingWanDecoder(ar.vae).decode(z), ar.vae.decode(z * std + mean).sample,
+                               rtol=0, atol=1e-5)
+    # Closing the stream early stops the run and gives the model back.
+    gen = ar.stream("a red circle", generator=torch.Generator().manual_seed(3), **kw)
+    next(gen)
+    gen.close()
+    assert all(type(b.attn1.processor).__name__ == "WanAttnProcessor" for b in ar.transformer.blocks)
+    with pytest.raises(ConfigError, match="not output_type"):
+        next(ar.stream("a red circle", output_type="np"))
