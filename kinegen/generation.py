@@ -197,6 +197,7 @@ def _fill_and_check(spec: ModelSpec, adapter: ModelAdapter, pipe, request: Gener
         if not adapter.takes_image:
             raise InvalidRequestError(f"{spec.name} does not take an input image; drop --image.")
         r.image = _load_image(r.image)
+    adapter.check_request(pipe, r)
     return r
 
 

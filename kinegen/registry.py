@@ -111,6 +111,8 @@ for _spec in [
     # Tiny random-weight models built in code: for tests, CI and a first run without downloads.
     ModelSpec("tiny-wan", "wan", "tiny random Wan 2.1 (tests; output is noise)", 64, 64, 4, 5.0, frames=9,
               builder=_tiny("tiny-wan")),
+    ModelSpec("tiny-wan-ar", "wan_ar", "tiny random Wan, chunk by chunk with a KV cache (tests; output is noise)",
+              32, 32, 2, 3.0, frames=17, builder=_tiny("tiny-wan-ar")),
     ModelSpec("tiny-hunyuanvideo", "hunyuan_video", "tiny random HunyuanVideo (tests; output is noise)", 32,
               32, 4, 6.0, frames=5, fps=24, builder=_tiny("tiny-hunyuanvideo"),
               call_defaults={"prompt_template": {"template": "{}", "crop_start": 0}, "max_sequence_length": 32}),

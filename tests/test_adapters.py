@@ -23,7 +23,7 @@ CASES = {
 
 
 def test_registry_covers_every_family():
-    assert set(ADAPTERS) == {"wan", "hunyuan_video", "cogvideox", "flux", "flux_kontext", "mpgan"}
+    assert set(ADAPTERS) == {"wan", "wan_ar", "hunyuan_video", "cogvideox", "flux", "flux_kontext", "mpgan"}
     assert {a.transformer_class for a in ADAPTERS.values()} == {
         "WanTransformer3DModel", "HunyuanVideoTransformer3DModel", "CogVideoXTransformer3DModel",
         "FluxTransformer2DModel", None}
@@ -34,7 +34,7 @@ def test_unknown_pipeline_and_family_list_the_choices():
 
     with pytest.raises(UnsupportedModelError, match="Supported pipelines: CogVideoXPipeline, FluxKontextPipeline"):
         get_adapter(object())
-    with pytest.raises(UnsupportedModelError, match="known: wan, hunyuan_video"):
+    with pytest.raises(UnsupportedModelError, match="known: wan, wan_ar, hunyuan_video"):
         adapter_for_family("sora")
 
 

@@ -18,7 +18,7 @@ from .cogvideox import COGVIDEOX
 from .flux import FLUX, FLUX_KONTEXT
 from .hunyuan_video import HUNYUAN_VIDEO
 from .mpgan import MPGAN
-from .wan import WAN
+from .wan import WAN, WAN_AR
 
 ADAPTERS: dict[str, ModelAdapter] = {}  # family name -> adapter
 _BY_PIPELINE: dict[str, ModelAdapter] = {}
@@ -39,7 +39,7 @@ def register_adapter(adapter: ModelAdapter) -> ModelAdapter:
     return adapter
 
 
-_BUILTIN = (WAN, HUNYUAN_VIDEO, COGVIDEOX, FLUX, FLUX_KONTEXT, MPGAN)
+_BUILTIN = (WAN, WAN_AR, HUNYUAN_VIDEO, COGVIDEOX, FLUX, FLUX_KONTEXT, MPGAN)
 for _a in _BUILTIN:
     register_adapter(_a)
 
@@ -93,6 +93,7 @@ def get_adapter(pipe_or_transformer) -> ModelAdapter:
 
 CAPABILITIES = {
     "sparse_attention": "video tokens on a (frames, height, width) grid and one attention call over the sequence",
+    "autoregressive": "chunk-by-chunk generation with a KV cache",
 }
 """What each capability an accelerator may require (``Accelerator.requires``) means, for error messages."""
 
@@ -102,12 +103,18 @@ def check_supports(adapter: ModelAdapter, accelerator) -> None:
     need = accelerator.requires
 
     def ok(a: ModelAdapter) -> bool:
-        return a.transformer_class is not None and (need is None or bool(getattr(a, need)))
+        if a.transformer_class is None or (a.autoregressive and need != "autoregressive"):
+            return False
+        return need is None or bool(getattr(a, need))
 
     if not ok(adapter):
-        fits = ", ".join(a.name for a in ADAPTERS.values() if ok(a))
-        why = "it has no denoising transformer" if adapter.transformer_class is None else \
-            f"it needs {CAPABILITIES.get(need, need)}"
+        fits = ", ".join(a.name for a in ADAPTERS.values() if ok(a)) or "none yet"
+        if adapter.transformer_class is None:
+            why = "it has no denoising transformer"
+        elif adapter.autoregressive and need != "autoregressive":
+            why = "it generates chunk by chunk with a KV cache, which this accelerator does not handle"
+        else:
+            why = f"it needs {CAPABILITIES.get(need, need)}"
         raise ConfigError(f"{accelerator.name} does not apply to {adapter.name} models ({why}); it supports the "
                           f"families {fits}.")
 

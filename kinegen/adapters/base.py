@@ -94,6 +94,8 @@ class ModelAdapter:
             ``"BFCHW"`` (CogVideoX) or ``"BNC"`` (FLUX's packed 2x2 patches).
         sparse_attention: clustered sparse self-attention (``hva``, ``kmeans-sparse``) applies: video tokens
             on a (frames, height, width) grid and one SDPA call over the whole sequence.
+        autoregressive: the pipeline generates chunk by chunk against a KV cache; only accelerators that require
+            ``autoregressive`` apply (step caches and whole-sequence sparse attention assume one denoising loop).
     """
 
     name: str
@@ -111,6 +113,7 @@ class ModelAdapter:
     text_position: str = "none"
     latent_format: str = "BCFHW"
     sparse_attention: bool = False
+    autoregressive: bool = False
 
     # -- driving the pipeline -----------------------------------------------------------
 
@@ -135,6 +138,9 @@ class ModelAdapter:
             return "none" if request.guidance <= 1.0 else self.cfg_calls
         true_cfg = request.true_cfg_scale is not None and request.true_cfg_scale > 1.0
         return "separate" if true_cfg and request.negative_prompt is not None else "none"
+
+    def check_request(self, pipe, request) -> None:
+        """Family rules beyond sizes and frame counts, checked before a run (default: none)."""
 
     def call_kwargs(self, request) -> dict[str, Any]:
         """Pipeline keyword arguments for a validated request (without ``generator``)."""

@@ -44,3 +44,25 @@ WAN = WanAdapter(
     transformer_class="WanTransformer3DModel", block_lists=("blocks",), self_attention={"blocks": "attn1"},
     cross_attention={"blocks": "attn2"}, text_mode="cross", text_position="none", sparse_attention=True,
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class WanAutoregressiveAdapter(WanAdapter):
+    """Kinegen's chunk-by-chunk Wan (``WanAutoregressivePipeline``, docs/autoregressive.md): the same transformer
+    and VAE, block-causal attention with a KV cache; guidance runs both branches as one batch."""
+
+    def pipeline_class(self, class_name: str):
+        from ..pipelines import WanAutoregressivePipeline
+
+        return WanAutoregressivePipeline if class_name == "WanAutoregressivePipeline" else None
+
+    def check_request(self, pipe, request) -> None:
+        pipe.check_frames(request.frames)  # the frames must split into the pipeline's chunks
+
+
+WAN_AR = WanAutoregressiveAdapter(
+    name="wan_ar", pipeline_classes=("WanAutoregressivePipeline",), kind="video", cfg_mode="cfg",
+    cfg_calls="batched", transformer_class="WanTransformer3DModel", block_lists=("blocks",),
+    self_attention={"blocks": "attn1"},
+    cross_attention={"blocks": "attn2"}, text_mode="cross", text_position="none", autoregressive=True,
+)

@@ -71,6 +71,17 @@ def build_tiny_wan():
                        scheduler=scheduler, transformer=transformer)
 
 
+def build_tiny_wan_ar():
+    """tiny-wan's components in the chunk-by-chunk pipeline: chunks of 2 latent frames after a first of 1, a frame
+    sink of 1 and a window of 5 latent frames."""
+    from ..pipelines import WanAutoregressivePipeline
+
+    wan = build_tiny_wan()
+    return WanAutoregressivePipeline(tokenizer=wan.tokenizer, text_encoder=wan.text_encoder, vae=wan.vae,
+                                     scheduler=wan.scheduler, transformer=wan.transformer, chunk_frames=2,
+                                     sink_frames=1, window_frames=5)
+
+
 def build_tiny_hunyuanvideo():
     from diffusers import (
         AutoencoderKLHunyuanVideo,
@@ -149,6 +160,7 @@ def build_tiny_flux_kontext():
 
 BUILDERS = {
     "tiny-wan": build_tiny_wan,
+    "tiny-wan-ar": build_tiny_wan_ar,
     "tiny-hunyuanvideo": build_tiny_hunyuanvideo,
     "tiny-cogvideox": build_tiny_cogvideox,
     "tiny-flux": build_tiny_flux,

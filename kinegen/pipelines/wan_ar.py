@@ -127,7 +127,38 @@ def _prompt_schedule(prompt: str | list[tuple[int, str]], chunks: int) -> dict[i
 class WanAutoregressivePipeline(WanPipeline):
     """Chunk-by-chunk Wan generation with a KV cache (components as ``WanPipeline``: tokenizer, text encoder,
     transformer, VAE, scheduler). A bidirectional checkpoint runs too, but only a causally trained one (a
-    diffusion-forcing fine-tune) keeps long videos coherent."""
+    diffusion-forcing fine-tune) keeps long videos coherent.
+
+    The chunking and cache settings are the pipeline's configuration (saved in ``model_index.json`` with
+    ``save_pretrained`` and read back by ``from_pretrained``); a call may override each of them.
+    """
+
+    def __init__(self, tokenizer, text_encoder, vae, scheduler, transformer, transformer_2=None,
+                 boundary_ratio=None, expand_timesteps: bool = False, chunk_frames: int = 3,
+                 first_chunk_frames: int = 1, sink_frames: int = 0, window_frames: int | None = None):
+        if transformer_2 is not None or boundary_ratio is not None or expand_timesteps:
+            raise ConfigError("WanAutoregressivePipeline drives one Wan 2.1-style transformer; Wan 2.2's two experts "
+                              "and per-token timesteps are not supported.")
+        KVCacheConfig(sink_frames=sink_frames, window_frames=window_frames)  # bad settings fail when built
+        super().__init__(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler,
+                         transformer=transformer)
+        self.register_to_config(chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames,
+                                sink_frames=sink_frames, window_frames=window_frames)
+
+    def _settings(self, **given) -> dict[str, Any]:
+        """A call's chunk and cache settings: each given one, else the pipeline's configuration."""
+        return {k: self.config[k] if v is None else v for k, v in given.items()}
+
+    def latent_frames(self, num_frames: int) -> int:
+        return (num_frames - 1) // self.vae_scale_factor_temporal + 1
+
+    def check_frames(self, num_frames: int, chunk_frames: int | None = None,
+                     first_chunk_frames: int | None = None) -> list[int]:
+        """The chunk partition of ``num_frames`` video frames; a clear error when they do not split into chunks."""
+        st = self._settings(chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames)
+        if num_frames % self.vae_scale_factor_temporal != 1:
+            raise InvalidRequestError(f"num_frames must be 4k + 1; got {num_frames}.")
+        return chunk_partition(self.latent_frames(num_frames), st["chunk_frames"], st["first_chunk_frames"])
 
     def _forward(self, latents, t, embeds, state, *, frame_offset: int, commit: bool):
         state.frame_offset, state.commit = frame_offset, commit
@@ -161,14 +192,13 @@ class WanAutoregressivePipeline(WanPipeline):
         the generator finishes or is closed."""
         device = self._execution_device
         self._max_sequence_length = max_sequence_length
-        cache_config = KVCacheConfig(sink_frames=sink_frames, window_frames=window_frames)
-        if window_frames is not None and window_frames < chunk_frames:
-            raise ConfigError(f"window_frames ({window_frames}) is smaller than a chunk ({chunk_frames} frames); "
-                              "the window must hold at least one whole chunk.")
-        if num_frames % self.vae_scale_factor_temporal != 1:
-            raise InvalidRequestError(f"num_frames must be 4k + 1; got {num_frames}.")
-        latent_frames = (num_frames - 1) // self.vae_scale_factor_temporal + 1
-        partition = chunk_partition(latent_frames, chunk_frames, first_chunk_frames)
+        st = self._settings(chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames,
+                            sink_frames=sink_frames, window_frames=window_frames)
+        cache_config = KVCacheConfig(sink_frames=st["sink_frames"], window_frames=st["window_frames"])
+        if st["window_frames"] is not None and st["window_frames"] < st["chunk_frames"]:
+            raise ConfigError(f"window_frames ({st['window_frames']}) is smaller than a chunk ({st['chunk_frames']} "
+                              "frames); the window must hold at least one whole chunk.")
+        partition = self.check_frames(num_frames, st["chunk_frames"], st["first_chunk_frames"])
         schedule = _prompt_schedule(prompt, len(partition))
         h, w = height // self.vae_scale_factor_spatial, width // self.vae_scale_factor_spatial
         channels = self.transformer.config.in_channels
@@ -211,8 +241,9 @@ class WanAutoregressivePipeline(WanPipeline):
     @torch.no_grad()
     def __call__(self, prompt: str | list[tuple[int, str]], negative_prompt: str | None = None, height: int = 480,
                  width: int = 832, num_frames: int = 81, num_inference_steps: int = 4, guidance_scale: float = 1.0,
-                 chunk_frames: int = 3, first_chunk_frames: int = 1, sink_frames: int = 0,
-                 window_frames: int | None = None, generator: torch.Generator | None = None,
+                 chunk_frames: int | None = None, first_chunk_frames: int | None = None,
+                 sink_frames: int | None = None, window_frames: int | None = None,
+                 generator: torch.Generator | None = None,
                  output_type: str = "np", max_sequence_length: int = 226,
                  callback_on_chunk_end: Callable[[int, int, torch.Tensor], None] | None = None,
                  return_dict: bool = True):
@@ -221,21 +252,29 @@ class WanAutoregressivePipeline(WanPipeline):
         Args:
             prompt: the prompt, or a schedule ``[(chunk index, prompt), ...]`` starting at chunk 0 (the cache is
                 rebuilt under the new prompt where it changes).
-            chunk_frames / first_chunk_frames: latent frames per chunk (see the module docstring).
-            sink_frames / window_frames: the KV cache's frame sink and rolling window, in latent frames
-                (``window_frames=None``: every frame stays, memory grows with the video).
+            chunk_frames / first_chunk_frames: latent frames per chunk (see the module docstring); None = the
+                pipeline's configuration.
+            sink_frames / window_frames: the KV cache's frame sink and rolling window, in latent frames (None = the
+                configuration; a configured ``window_frames=None`` keeps every frame: memory grows with the video).
             callback_on_chunk_end: ``fn(chunk_index, num_chunks, chunk_latents)`` after each commit.
 
         Returns a :class:`WanAutoregressiveOutput` (``return_dict=False``: ``(frames, chunk_stats)``).
         """
         chunks, stats = [], []
-        for x, st, total in self._chunks(prompt, negative_prompt, height, width, num_frames, num_inference_steps,
-                                         guidance_scale, chunk_frames, first_chunk_frames, sink_frames,
-                                         window_frames, generator, max_sequence_length):
+        run = self._chunks(prompt, negative_prompt, height, width, num_frames, num_inference_steps, guidance_scale,
+                           chunk_frames, first_chunk_frames, sink_frames, window_frames, generator,
+                           max_sequence_length)
+        bar = None
+        for x, st, total in run:
+            if bar is None:
+                bar = self.progress_bar(total=total)  # one tick per chunk
             chunks.append(x)
             stats.append(st)
+            bar.update()
             if callback_on_chunk_end is not None:
                 callback_on_chunk_end(st.index, total, x)
+        if bar is not None:
+            bar.close()
         latents = torch.cat(chunks, dim=2)
         video = latents if output_type == "latent" else self._decode(latents, output_type)
         return WanAutoregressiveOutput(frames=video, chunk_stats=stats) if return_dict else (video, stats)
@@ -253,8 +292,8 @@ class WanAutoregressivePipeline(WanPipeline):
         if unknown:
             raise ConfigError(f"stream() takes {', '.join(keys)}; not {', '.join(unknown)}.")
         args = dict(negative_prompt=None, height=480, width=832, num_frames=81, num_inference_steps=4,
-                    guidance_scale=1.0, chunk_frames=3, first_chunk_frames=1, sink_frames=0, window_frames=None,
-                    generator=None, max_sequence_length=226)
+                    guidance_scale=1.0, chunk_frames=None, first_chunk_frames=None, sink_frames=None,
+                    window_frames=None, generator=None, max_sequence_length=226)
         args.update(kwargs)
         for x, st, total in self._chunks(prompt, **args):
             t0 = time.perf_counter()
@@ -263,9 +302,14 @@ class WanAutoregressivePipeline(WanPipeline):
             yield StreamedChunk(st.index, total, frames, st, time.perf_counter() - t0)
 
     def _decode(self, latents: torch.Tensor, output_type: str) -> Any:
-        """The whole latent video at once, through the same decoder :meth:`stream` uses chunk by chunk."""
-        return self.video_processor.postprocess_video(StreamingWanDecoder(self.vae).decode(latents),
-                                                      output_type=output_type)
+        """The whole latent video at once, through diffusers' own ``vae.decode`` (what :meth:`stream` gives chunk
+        by chunk, up to the order of float operations)."""
+        vae = self.vae
+        z = latents.to(vae.device, vae.dtype)
+        mean = torch.tensor(vae.config.latents_mean).view(1, vae.config.z_dim, 1, 1, 1).to(z)
+        std = torch.tensor(vae.config.latents_std).view(1, vae.config.z_dim, 1, 1, 1).to(z)
+        video = vae.decode(z * std + mean, return_dict=False)[0]
+        return self.video_processor.postprocess_video(video, output_type=output_type)
 
 
 def frames_array(out) -> np.ndarray:
