@@ -129,3 +129,29 @@ def test_mask_marks_exactly_the_object(seed):
     # every fully covered pixel has the object's colour; the object's colour off the mask is background noise
     assert near[inside].mean() > 0.99
     assert near[mask < 0.01].mean() < 0.01 or spec.texture == "noisy"
+
+
+def test_long_clips_start_as_the_training_clip_and_bounce_off_the_edges():
+    """Long videos for the autoregressive model: frames 0-16 are the training clip; after that a shape keeps its
+    speed, stays inside the frame (reflected at the walls) and a window after a wall moves the other way."""
+    from kinegen.data.shapes import long_trajectory, render_long_clip, window_motion
+
+    for seed in range(12):
+        spec = sample_clip(seed, num_objects=1)
+        np.testing.assert_array_equal(render_long_clip(spec, 17, 48, 48), render_clip(spec, 17, 48, 48))
+        o = spec.primary
+        if o.motion not in ("left", "right", "up", "down", "diagonal"):
+            continue
+        axis = 1 if o.motion in ("up", "down") else 0
+        path = np.array([long_trajectory(o, f / 16)[axis] for f in range(241)])
+        step = abs(path[1] - path[0])
+        speeds = np.abs(np.diff(path))
+        r = o.size * (1.25 if o.shape == "square" else 1.0)
+        # Constant speed except in the frames that touch a wall (there the path folds back part way).
+        assert np.mean(np.isclose(speeds, step, atol=1e-9)) > 0.8
+        assert path.min() >= min(r, path[0], path[16]) - 1e-9 and path.max() <= max(1 - r, path[0], path[16]) + 1e-9
+    right = sample_clip(0, num_objects=1, combo=("circle", "red", "right"))
+    o = right.primary
+    wall = next(f for f in range(1, 241) if long_trajectory(o, f / 16)[0] < long_trajectory(o, (f - 1) / 16)[0])
+    assert window_motion(o, 0, 1) == "right" and window_motion(o, wall / 16, (wall + 8) / 16) == "left"
+    assert render_long_clip(right, 5, 32, 32, start=236).shape == (5, 32, 32, 3)

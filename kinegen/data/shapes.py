@@ -280,6 +280,51 @@ def _trajectory(obj: ObjectSpec, u: float) -> tuple[float, float, float]:
     return x, y, 1.45 - 1.0 * u  # shrinking
 
 
+def _fold(x: float, lo: float, hi: float) -> float:
+    """``x`` reflected back and forth into ``[lo, hi]`` (a triangle wave): a position bouncing off two walls."""
+    span = hi - lo
+    if span <= 0:
+        return lo
+    y = (x - lo) % (2 * span)
+    return lo + (y if y <= span else 2 * span - y)
+
+
+def long_trajectory(obj: ObjectSpec, t: float) -> tuple[float, float, float]:
+    """Centre (x, y) and radius scale of ``obj`` at time ``t`` measured in clip lengths (``t = 1`` is the end of a
+    17-frame training clip), for videos longer than a clip: the same speed, reflected off the frame's edges.
+
+    On ``0 <= t <= 1`` it is :func:`_trajectory` exactly, so a long video starts as the training clip of the same
+    spec. After that, straight and diagonal motions bounce off the edges (each axis folds between the object
+    touching one edge and touching the other), growing and shrinking alternate between the sizes a clip spans,
+    and bouncing (already periodic) goes on hopping.
+    """
+    if 0 <= t <= 1:
+        return _trajectory(obj, t)
+    if obj.motion in ("growing", "shrinking"):
+        grow = obj.motion == "growing"
+        return obj.start[0], obj.start[1], _fold(0.45 + t if grow else 1.45 - t, 0.45, 1.45)
+    if obj.motion == "bouncing":
+        return _trajectory(obj, t)
+    (x, y, _), (x1, y1, _) = _trajectory(obj, 0.0), _trajectory(obj, 1.0)
+    r = obj.size * (1.25 if obj.shape == "square" else 1.0)  # as drawn (a square's corners reach 1.25 r)
+    lo_x, hi_x = min(r, x, x1), max(1 - r, x, x1)  # the clip's own path always lies inside the walls
+    lo_y, hi_y = min(r, y, y1), max(1 - r, y, y1)
+    return _fold(x + (x1 - x) * t, lo_x, hi_x), _fold(y + (y1 - y) * t, lo_y, hi_y), 1.0
+
+
+def window_motion(obj: ObjectSpec, t0: float, t1: float) -> str:
+    """The motion a viewer sees between times ``t0`` and ``t1`` (clip lengths) of :func:`long_trajectory`: after a
+    bounce a shape "moving right" moves left, a growing one shrinks; diagonal and bouncing stay what they are."""
+    if obj.motion in ("diagonal", "bouncing"):
+        return obj.motion
+    a, b = long_trajectory(obj, t0), long_trajectory(obj, t1)
+    if obj.motion in ("growing", "shrinking"):
+        return "growing" if b[2] >= a[2] else "shrinking"
+    if obj.motion in ("left", "right"):
+        return "right" if b[0] >= a[0] else "left"
+    return "down" if b[1] >= a[1] else "up"
+
+
 def _polygon(shape: str, cx: float, cy: float, r: float, rot: float) -> np.ndarray:
     if shape == "square":
         k, phase, radii = 4, math.pi / 4 + rot, [r * 1.25]
@@ -317,15 +362,16 @@ def _background(name: str, texture: str, h: int, w: int, seed: int) -> np.ndarra
     return np.clip(img, 0, 255)
 
 
-def _draw_objects(spec: ClipSpec, canvas: np.ndarray, u: float, colour_of) -> None:
-    """Draw every object of ``spec`` at time ``u`` in [0, 1] onto ``canvas`` (in place)."""
+def _draw_objects(spec: ClipSpec, canvas: np.ndarray, u: float, colour_of, trajectory=None) -> None:
+    """Draw every object of ``spec`` at time ``u`` (in [0, 1] for a clip; any time with ``long_trajectory``)
+    onto ``canvas`` (in place)."""
     import cv2
 
     height, width = canvas.shape[:2]
     side = min(height, width)
     shift = 4  # cv2 fixed-point bits: sub-pixel positions
     for obj in spec.objects:
-        cx, cy, scale = _trajectory(obj, u)
+        cx, cy, scale = (trajectory or _trajectory)(obj, u)
         px, py, r = cx * width, cy * height, obj.size * side * scale
         colour = colour_of(obj)
         if obj.shape == "circle":
@@ -349,6 +395,23 @@ def render_clip(spec: ClipSpec, frames: int = 17, height: int = 128, width: int 
     for f in range(frames):
         img = bg.copy()
         _draw_objects(spec, img, f / max(frames - 1, 1), lambda obj: tuple(float(v) for v in COLOURS[obj.colour]))
+        out[f] = np.clip(img, 0, 255).astype(np.uint8)
+    return out
+
+
+def render_long_clip(spec: ClipSpec, frames: int, height: int = 128, width: int = 128, start: int = 0,
+                     clip_frames: int = 17) -> np.ndarray:
+    """Frames ``start .. start + frames - 1`` of an endless video of ``spec`` moving at the speed of its
+    ``clip_frames``-frame training clip (frame ``clip_frames - 1`` is the clip's last) and bouncing off the edges
+    (:func:`long_trajectory`); uint8 ``[frames, height, width, 3]``. Its first ``clip_frames`` frames are
+    :func:`render_clip` of the spec."""
+    _check_size(frames, height, width)
+    bg = _background(spec.background, spec.texture, height, width, spec.seed)
+    out = np.empty((frames, height, width, 3), np.uint8)
+    for f in range(frames):
+        img = bg.copy()
+        _draw_objects(spec, img, (start + f) / (clip_frames - 1),
+                      lambda obj: tuple(float(v) for v in COLOURS[obj.colour]), long_trajectory)
         out[f] = np.clip(img, 0, 255).astype(np.uint8)
     return out
 
