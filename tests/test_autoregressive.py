@@ -183,3 +183,31 @@ def test_an_autoregressive_model_runs_through_kinegen_like_any_other(tmp_path, c
     assert main(["generate", "a red circle", "--model", str(folder), "--frames", "21", "-o",
                  str(tmp_path / "bad.mp4")]) == 2
     assert "try num_frames 17 or 25" in capsys.readouterr().err and not (tmp_path / "bad.mp4").exists()
+
+
+def test_diffusion_forcing_trains_resumes_and_exports_a_causal_pipeline(tmp_path):
+    """`kinegen train ar` on a tiny budget: per-chunk noise levels (some chunks clean), the run resumes from its
+    checkpoint, and the export is a WanAutoregressivePipeline folder that loads and generates with its chunk
+    settings. (Whether it learns is for the real run, docs/autoregressive.md.)"""
+    import json
+
+    from kinegen.cli import main
+    from kinegen.training.ar import chunk_ids, forcing_sigmas
+
+    assert chunk_ids(5, 2).tolist() == [0, 1, 1, 2, 2]
+    sig = forcing_sigmas(64, 3, 3.0, 0.25, torch.Generator().manual_seed(0))
+    clean = (sig == 0).float().mean().item()
+    assert sig.shape == (64, 3) and 0.15 < clean < 0.35 and sig.max() < 1  # about a quarter of chunks clean
+    run = tmp_path / "run"
+    args = ["train", "ar", "--run", str(run), "--frames", "9", "--size", "32", "--dataset-windows", "8",
+            "--batch-size", "2", "--checkpoint-every", "3", "--lr", "1e-3", "--window-frames", "3"]
+    assert main([*args, "--steps", "3"]) == 0
+    assert json.loads((run / "checkpoint" / "state.json").read_text())["step"] == 3
+    assert main([*args, "--steps", "6"]) == 0  # resumes at step 3
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert json.loads((run / "checkpoint" / "state.json").read_text())["step"] == 6 and log[-1]["step"] == 6
+    pipe = kinegen.load_pipeline(str(run / "pipeline"))
+    assert type(pipe).__name__ == "WanAutoregressivePipeline"
+    assert (pipe.config.chunk_frames, pipe.config.sink_frames, pipe.config.window_frames) == (2, 1, 3)
+    result = kinegen.generate(pipe, "a red circle moving right", frames=17, steps=2, seed=0)
+    assert result.frames.shape == (17, 32, 32, 3)

@@ -1,4 +1,4 @@
-"""``kinegen train WHAT``: train a part of the bundled models (vae, t2v, adherence, gan,
+"""``kinegen train WHAT``: train a part of the bundled models (vae, t2v, ar, adherence, gan,
 gan-classifier). Each run keeps a resumable checkpoint in its ``--run`` folder; ``--export``
 copies the result into place when training ends."""
 
@@ -13,6 +13,7 @@ from .common import add_dataclass_flags
 def add_parser(subparsers) -> None:
     from ..training.configs import (
         AdherenceTrainConfig,
+        ARTrainConfig,
         GANClassifierTrainConfig,
         GANTrainConfig,
         T2VTrainConfig,
@@ -26,6 +27,8 @@ def add_parser(subparsers) -> None:
     for name, cfg_cls, run_dir, helptext in [
         ("vae", VAETrainConfig, "runs/vae", "the video VAE (AutoencoderKLWan) on procedural clips"),
         ("t2v", T2VTrainConfig, "runs/t2v", "the text-to-video transformer and text encoder (needs a trained VAE)"),
+        ("ar", ARTrainConfig, "runs/ar", "the chunk-by-chunk model: diffusion forcing of the text-to-video model on "
+                                         "long videos (docs/autoregressive.md)"),
         ("adherence", AdherenceTrainConfig, "runs/adherence", "the prompt-adherence classifier"),
         ("gan", GANTrainConfig, "runs/gan", "the class-conditional MP-GAN (or --variant r3gan) on --data "
                                             "shapes|imagefolder:PATH"),
@@ -55,6 +58,8 @@ def run(args) -> int:
         from ..training.vae import train_vae as train
     elif args.what == "t2v":
         from ..training.t2v import train_t2v as train
+    elif args.what == "ar":
+        from ..training.ar import train_ar as train
     elif args.what == "gan":
         from ..training.gan import train_gan as train
     else:
@@ -67,7 +72,8 @@ def run(args) -> int:
 
 # Settings whose range is not the default (an integer >= 1, a number >= 0): inclusive bounds, None = open.
 _RANGES = {"seed": (0, None), "crop": (8, 64), "size": (8, None), "resolution": (8, None), "cfg_dropout": (0, 1),
-           "ema": (0, 1), "out_gain_init": (None, None)}
+           "ema": (0, 1), "out_gain_init": (None, None), "offset_prob": (0, 1), "clean_prob": (0, 1),
+           "sink_frames": (0, None), "max_start": (0, None)}
 
 
 def check_settings(args, cfg) -> None:

@@ -47,6 +47,31 @@ class T2VTrainConfig:
 
 
 @dataclasses.dataclass
+class ARTrainConfig:
+    """Diffusion forcing of the bundled text-to-video model into a chunk-by-chunk one (docs/autoregressive.md)."""
+
+    init: str = ""  # the pipeline folder to start from (default: the bundled kinegen-shapes-t2v)
+    steps: int = 4000
+    batch_size: int = 8
+    lr: float = 2e-4
+    dataset_windows: int = 2048  # training windows of long videos, encoded once
+    frames: int = 33  # video frames per training window (4k + 1)
+    size: int = 128
+    chunk_frames: int = 2  # latent frames per chunk after the first (of one latent frame)
+    offset_prob: float = 0.5  # share of windows starting later in the video than frame 0
+    max_start: int = 208  # latest start frame of a window (a multiple of 4)
+    clean_prob: float = 0.25  # share of chunks given no noise (clean history, as at inference)
+    cfg_dropout: float = 0.1
+    flow_shift: float = 3.0
+    ema: float = 0.999
+    sink_frames: int = 1  # the exported pipeline's KV cache: a frame sink ...
+    window_frames: int = 9  # ... and a rolling window, in latent frames
+    seed: int = 0
+    max_minutes: float | None = None
+    checkpoint_every: int = 250
+
+
+@dataclasses.dataclass
 class AdherenceTrainConfig:
     steps: int = 2000
     batch_size: int = 16
