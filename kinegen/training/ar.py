@@ -162,7 +162,7 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
 
 def export_ar_pipeline(folder: Path, base, transformer, cfg: ARTrainConfig) -> Path:
     """Save a ``WanAutoregressivePipeline`` folder (safetensors) with the chunk and cache settings and
-    ``kinegen_defaults.json`` (the training size, 33 frames, 4 steps per chunk)."""
+    ``kinegen_defaults.json`` (the training size, 33 frames, 20 steps per chunk)."""
     from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
     from ..loading import write_generation_defaults
@@ -179,7 +179,9 @@ def export_ar_pipeline(folder: Path, base, transformer, cfg: ARTrainConfig) -> P
                                      chunk_frames=cfg.chunk_frames, sink_frames=cfg.sink_frames,
                                      window_frames=cfg.window_frames)
     pipe.save_pretrained(folder, safe_serialization=True)
-    write_generation_defaults(folder, height=cfg.size, width=cfg.size, frames=cfg.frames, steps=4, guidance=4.0,
+    # 20 steps per chunk, as the bundled model samples: diffusion forcing does not distil the sampler (a few-step
+    # student, as Self-Forcing's 4 steps, would be a further stage).
+    write_generation_defaults(folder, height=cfg.size, width=cfg.size, frames=cfg.frames, steps=20, guidance=4.0,
                               fps=16)
     print(f"saved pipeline to {folder}", flush=True)
     return folder
