@@ -26,12 +26,19 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..data.shapes import recaption, render_long_clip, sample_clip
+from ..data.shapes import render_long_clip, sample_clip
 from ..pipelines.causal_wan import KVCacheConfig, make_causal
 from ..pipelines.wan_ar import chunk_partition
 from .common import Progress, TimeBox, cosine_lr, load_checkpoint
 from .configs import ARTrainConfig
-from .t2v import PaddedTextCrossAttention, _ema_update, _rope_to_float32, _sigmas, encode_text_compact
+from .t2v import (
+    PaddedTextCrossAttention,
+    _ema_update,
+    _rope_to_float32,
+    _sigmas,
+    batch_captions,
+    encode_text_compact,
+)
 from .vae import to_tensor
 
 CHUNK = 64
@@ -129,9 +136,7 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         idx = torch.randint(len(windows), (cfg.batch_size,), generator=gen)
         x0 = latents[idx]
-        captions = [recaption(specs[i], seed=step * cfg.batch_size + j) for j, i in enumerate(idx.tolist())]
-        drop = torch.rand(cfg.batch_size, generator=gen) < cfg.cfg_dropout
-        captions = ["" if d else c for c, d in zip(captions, drop.tolist(), strict=True)]
+        captions = batch_captions(specs, idx, step, cfg.cfg_dropout, gen)
         noise = torch.randn(x0.shape, generator=gen)
         sig = forcing_sigmas(cfg.batch_size, len(per_frame), cfg.flow_shift, cfg.clean_prob, gen)
         s = sig[:, ids].view(cfg.batch_size, 1, -1, 1, 1)  # each latent frame its chunk's level

@@ -124,6 +124,14 @@ def latent_object_masks(specs, frames: int, size: int, temporal: int = 4, spatia
     return torch.stack(out)[:, None].float()
 
 
+def batch_captions(specs, idx: torch.Tensor, step: int, cfg_dropout: float, gen: torch.Generator) -> list[str]:
+    """Fresh synonyms for the batch's clips (seeded by step and position), each dropped to "" with probability
+    ``cfg_dropout`` (classifier-free guidance's unconditional branch)."""
+    captions = [recaption(specs[i], seed=step * len(idx) + j) for j, i in enumerate(idx.tolist())]
+    drop = torch.rand(len(idx), generator=gen) < cfg_dropout
+    return ["" if d else c for c, d in zip(captions, drop.tolist(), strict=True)]
+
+
 def _sigmas(n: int, shift: float, gen: torch.Generator) -> torch.Tensor:
     u = torch.sigmoid(torch.randn(n, generator=gen))
     return shift * u / (1 + (shift - 1) * u)
@@ -251,9 +259,7 @@ def train_t2v(run_dir: str | Path, cfg: T2VTrainConfig) -> Path:
         else:  # uniform, drawn as stages 1 and 2 of the bundled model were
             idx = torch.randint(len(seeds), (cfg.batch_size,), generator=gen)
         x0 = latents[idx]
-        captions = [recaption(specs[i], seed=step * cfg.batch_size + j) for j, i in enumerate(idx.tolist())]
-        drop = torch.rand(cfg.batch_size, generator=gen) < cfg.cfg_dropout
-        captions = ["" if d else c for c, d in zip(captions, drop.tolist(), strict=True)]
+        captions = batch_captions(specs, idx, step, cfg.cfg_dropout, gen)
         noise = torch.randn(x0.shape, generator=gen)
         s = _sigmas(cfg.batch_size, cfg.flow_shift, gen).view(-1, 1, 1, 1, 1)
         xt = (1 - s) * x0 + s * noise
