@@ -310,8 +310,3 @@ class WanAutoregressivePipeline(WanPipeline):
         std = torch.tensor(vae.config.latents_std).view(1, vae.config.z_dim, 1, 1, 1).to(z)
         video = vae.decode(z * std + mean, return_dict=False)[0]
         return self.video_processor.postprocess_video(video, output_type=output_type)
-
-
-def frames_array(out) -> np.ndarray:
-    """The first video of a pipeline output as float32 ``[F, H, W, 3]``."""
-    return np.asarray(out.frames[0], dtype=np.float32)
