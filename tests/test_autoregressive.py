@@ -211,3 +211,29 @@ def test_diffusion_forcing_trains_resumes_and_exports_a_causal_pipeline(tmp_path
     assert (pipe.config.chunk_frames, pipe.config.sink_frames, pipe.config.window_frames) == (2, 1, 3)
     result = kinegen.generate(pipe, "a red circle moving right", frames=17, steps=2, seed=0)
     assert result.frames.shape == (17, 32, 32, 3)
+
+
+def test_the_web_service_runs_and_stops_an_autoregressive_model(tmp_path):
+    """The app's service drives tiny-wan-ar like any model: step progress per chunk, and a cancel stops it at the
+    next step with nothing written."""
+    import threading
+
+    from kinegen.apps.service import AppConfig, Service
+    from kinegen.errors import RunCancelled
+    from kinegen.generation import GenerationRequest
+
+    svc = Service(AppConfig(models=["tiny-wan-ar"], gan_models=[], output_dir=tmp_path / "out"))
+    steps = []
+    out = svc.generate("tiny-wan-ar", GenerationRequest(prompt="a red circle", frames=17, seed=0),
+                       step_callback=lambda i, n, latents: steps.append((i, n)))
+    assert out["output"].endswith(".mp4") and steps == [(0, 2), (1, 2)] * 3  # 3 chunks of 2 steps
+    cancel = threading.Event()
+
+    def stop_after_first(i, n, latents):
+        cancel.set()
+
+    with pytest.raises(RunCancelled):
+        svc.generate("tiny-wan-ar", GenerationRequest(prompt="a red circle", frames=17, seed=1),
+                     step_callback=stop_after_first, cancel=cancel)
+    assert len(svc.history_rows()) == 1 and sorted(p.suffix for p in (tmp_path / "out").iterdir()) == [".jsonl",
+                                                                                                       ".mp4"]

@@ -187,7 +187,8 @@ class WanAutoregressivePipeline(WanPipeline):
             self._forward(x, 0, embeds, state, frame_offset=run[0], commit=True)
 
     def _chunks(self, prompt, negative_prompt, height, width, num_frames, num_inference_steps, guidance_scale,
-                chunk_frames, first_chunk_frames, sink_frames, window_frames, generator, max_sequence_length):
+                chunk_frames, first_chunk_frames, sink_frames, window_frames, generator, max_sequence_length,
+                callback_on_step_end=None):
         """Denoise and commit chunk after chunk, yielding ``(chunk_latents, ChunkStats)``; the model is restored when
         the generator finishes or is closed."""
         device = self._execution_device
@@ -217,13 +218,15 @@ class WanAutoregressivePipeline(WanPipeline):
                 t0 = time.perf_counter()
                 x = torch.randn((1, channels, n, h, w), generator=generator, dtype=torch.float32).to(device)
                 self.scheduler.set_timesteps(num_inference_steps, device=device)
-                for t in self.scheduler.timesteps:
+                for i, t in enumerate(self.scheduler.timesteps):
                     inp = torch.cat([x, x]) if guidance_scale > 1 else x
                     pred = self._forward(inp, t, embeds, state, frame_offset=start, commit=False).float()
                     if guidance_scale > 1:
                         uncond, cond = pred.chunk(2)
                         pred = uncond + guidance_scale * (cond - uncond)
                     x = self.scheduler.step(pred, t, x, return_dict=False)[0]
+                    if callback_on_step_end is not None:  # diffusers' convention; the step counts within the chunk
+                        callback_on_step_end(self, i, t, {"latents": x})
                 t1 = time.perf_counter()
                 self._forward(torch.cat([x, x]) if guidance_scale > 1 else x, 0, embeds, state, frame_offset=start,
                               commit=True)
@@ -246,7 +249,7 @@ class WanAutoregressivePipeline(WanPipeline):
                  generator: torch.Generator | None = None,
                  output_type: str = "np", max_sequence_length: int = 226,
                  callback_on_chunk_end: Callable[[int, int, torch.Tensor], None] | None = None,
-                 return_dict: bool = True):
+                 callback_on_step_end: Callable | None = None, return_dict: bool = True):
         """Generate ``num_frames`` frames chunk by chunk, decoded at the end (:meth:`stream` decodes as it goes).
 
         Args:
@@ -257,13 +260,16 @@ class WanAutoregressivePipeline(WanPipeline):
             sink_frames / window_frames: the KV cache's frame sink and rolling window, in latent frames (None = the
                 configuration; a configured ``window_frames=None`` keeps every frame: memory grows with the video).
             callback_on_chunk_end: ``fn(chunk_index, num_chunks, chunk_latents)`` after each commit.
+            callback_on_step_end: ``fn(pipe, step, t, {"latents": ...})`` after each denoising step of each chunk
+                (diffusers' convention, ``step`` counted within the chunk; what Kinegen's step progress and the
+                app's Stop hook into).
 
         Returns a :class:`WanAutoregressiveOutput` (``return_dict=False``: ``(frames, chunk_stats)``).
         """
         chunks, stats = [], []
         run = self._chunks(prompt, negative_prompt, height, width, num_frames, num_inference_steps, guidance_scale,
                            chunk_frames, first_chunk_frames, sink_frames, window_frames, generator,
-                           max_sequence_length)
+                           max_sequence_length, callback_on_step_end)
         bar = None
         for x, st, total in run:
             if bar is None:
