@@ -12,9 +12,11 @@ that names the nearest valid values.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -75,6 +77,8 @@ class GenerationResult:
     timings: dict[str, float]
     accelerators: list[dict[str, Any]]
     warnings: list[str] = dataclasses.field(default_factory=list)  # about the request (unknown prompt words)
+    # one dict per chunk for an autoregressive model (see :func:`run_job`); empty for every other model
+    chunks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write an mp4 (video) or an image file, atomically."""
@@ -223,6 +227,22 @@ class GenerationJob:
     def fps(self) -> int:
         return self.spec.fps
 
+    @property
+    def streams(self) -> bool:
+        """Whether the model generates chunk by chunk and streams them (an autoregressive pipeline with
+        ``stream()``): :func:`run_job` then reports each chunk as it is committed."""
+        return self.adapter.autoregressive and callable(getattr(self.pipe, "stream", None))
+
+    @property
+    def num_chunks(self) -> int | None:
+        """How many chunks an autoregressive pipeline generates this request in (None for other models)."""
+        if not self.adapter.autoregressive:
+            return None
+        if hasattr(self.adapter, "chunk_partition"):  # the family splits the frames itself (AnyFlow-FAR)
+            return len(self.adapter.chunk_partition(self.pipe, self.request.frames))
+        check = getattr(self.pipe, "check_frames", None)  # Kinegen's WanAutoregressivePipeline
+        return None if check is None else len(check(self.request.frames))
+
     def pipeline_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``pipe(...)`` (with a fresh generator seeded by the request)."""
         kw = dict(self.spec.call_defaults)
@@ -304,8 +324,55 @@ def _run_pipeline(pipe, kwargs: dict[str, Any]) -> np.ndarray:
     return frames[None] if frames.ndim == 3 else frames
 
 
-def run_job(job: GenerationJob, accelerators=(), step_callback=None) -> GenerationResult:
-    """Run a prepared job with accelerators applied for this call only (removed afterwards, even on error)."""
+def _stream_pipeline(job: GenerationJob, kwargs: dict[str, Any], timer, chunk_callback=None):
+    """Run an autoregressive pipeline through ``pipe.stream``: frames ``[F, H, W, 3]`` and one dict per chunk.
+
+    Each chunk's dict: ``index``, ``latent_frames`` (its latent frame indices), ``frames`` (its video frames),
+    ``transformer_s`` (the transformer's time for it, re-caching and commit included), ``denoise_s`` and
+    ``commit_s`` (the pipeline's own split), ``decode_s``, ``ready_s`` (seconds from the start of the run until its
+    frames were decoded: for chunk 0 the time to the first frame), ``kv_bytes`` and ``cached_frames`` (the KV cache
+    after it). ``chunk_callback(done, total, frames_so_far)`` is called once before the first chunk (``done`` 0,
+    no frames) and after each chunk is committed and decoded."""
+    start = time.perf_counter()
+    kwargs = {k: v for k, v in kwargs.items() if k != "output_type"}  # stream() gives frames in [0, 1]
+    parts: list[np.ndarray] = []
+    chunks: list[dict[str, Any]] = []
+    total = job.num_chunks
+    if chunk_callback is not None and total:
+        r = job.request
+        chunk_callback(0, total, np.zeros((0, r.height, r.width, 3), np.float32))
+    transformer_before = 0.0
+    with contextlib.closing(job.pipe.stream(**kwargs)) as stream:  # closed early: the model is restored
+        for part in stream:
+            parts.append(np.asarray(part.frames, dtype=np.float32))
+            transformer_s = timer.seconds["transformer"] - transformer_before
+            transformer_before += transformer_s
+            st = part.stats
+            chunks.append({"index": part.index, "latent_frames": list(st.frames), "frames": len(part.frames),
+                           "transformer_s": transformer_s, "denoise_s": st.denoise_s, "commit_s": st.commit_s,
+                           "decode_s": part.decode_s, "ready_s": time.perf_counter() - start,
+                           "kv_bytes": int(st.kv_bytes), "cached_frames": list(st.cached_frames)})
+            if chunk_callback is not None:
+                chunk_callback(part.index + 1, part.num_chunks, np.concatenate(parts))
+    return np.concatenate(parts), chunks
+
+
+def _with_stream_decode(timings: dict[str, float], chunks: list[dict[str, Any]]) -> dict[str, float]:
+    """A streamed run decodes chunk by chunk outside ``vae.decode`` (which the stage timer wraps): count it."""
+    out = dict(timings)
+    out["vae_decode"] += sum(c["decode_s"] for c in chunks)
+    out["other"] = max(0.0, out["total"] - out["text_encoder"] - out["transformer"] - out["vae_decode"])
+    return out
+
+
+def run_job(job: GenerationJob, accelerators=(), step_callback=None, chunk_callback=None) -> GenerationResult:
+    """Run a prepared job with accelerators applied for this call only (removed afterwards, even on error).
+
+    An autoregressive model (``job.streams``) runs chunk by chunk through its ``stream()``: the result's
+    ``chunks`` holds one dict per chunk (see :func:`_stream_pipeline`), and ``chunk_callback(done, total,
+    frames_so_far)`` follows the video as it grows (``done`` 0 first, then after each chunk; ignored for other
+    models). ``step_callback(step, steps, latents)`` counts the steps within each chunk.
+    """
     from .timing import StageTimer
 
     kwargs = job.pipeline_kwargs()
@@ -319,18 +386,23 @@ def run_job(job: GenerationJob, accelerators=(), step_callback=None) -> Generati
 
         kwargs["callback_on_step_end"] = on_step_end
     handles = accelerate(job.pipe, *accelerators, run=job.run_info())
+    chunks: list[dict[str, Any]] = []
     try:
         with out_of_memory_guard(job.request), StageTimer(job.pipe) as timer:  # OOM: one message, memory freed
-            frames = _run_pipeline(job.pipe, kwargs)
+            if job.streams:
+                frames, chunks = _stream_pipeline(job, kwargs, timer, chunk_callback)
+            else:
+                frames = _run_pipeline(job.pipe, kwargs)
         stats = [h.stats() for h in handles]
     finally:
         for h in reversed(handles):
             h.remove()
-    return GenerationResult(frames=frames, kind=job.kind, fps=job.fps, request=job.request,
-                            timings=timer.summary(), accelerators=stats, warnings=list(job.warnings))
+    timings = _with_stream_decode(timer.summary(), chunks) if chunks else timer.summary()
+    return GenerationResult(frames=frames, kind=job.kind, fps=job.fps, request=job.request, timings=timings,
+                            accelerators=stats, warnings=list(job.warnings), chunks=chunks)
 
 
-def generate(pipe, prompt: str | GenerationRequest, *, accelerators=(), step_callback=None,
+def generate(pipe, prompt: str | GenerationRequest, *, accelerators=(), step_callback=None, chunk_callback=None,
              **fields) -> GenerationResult:
     """Generate one video or image.
 
@@ -339,10 +411,13 @@ def generate(pipe, prompt: str | GenerationRequest, *, accelerators=(), step_cal
         prompt: the prompt, or a full :class:`GenerationRequest`.
         accelerators: specs (``"first-block:threshold=0.08"``), config objects or parsed
             ``(accelerator, config)`` pairs; applied for this call only and removed afterwards.
-        step_callback: ``fn(step_index, num_steps, latents)`` after each denoising step.
+        step_callback: ``fn(step_index, num_steps, latents)`` after each denoising step (of each chunk, for an
+            autoregressive model).
+        chunk_callback: autoregressive models only: ``fn(done, num_chunks, frames_so_far)`` before the first
+            chunk (``done`` 0) and after each chunk is committed and decoded (frames ``[F, H, W, 3]`` so far).
         **fields: any :class:`GenerationRequest` field (height, width, frames, steps, guidance, seed, ...).
     """
-    return run_job(prepare(pipe, prompt, **fields), accelerators, step_callback)
+    return run_job(prepare(pipe, prompt, **fields), accelerators, step_callback, chunk_callback)
 
 
 # ---------------------------------------------------------------------------- class-conditional GANs

@@ -113,6 +113,9 @@ for _spec in [
               builder=_tiny("tiny-wan")),
     ModelSpec("tiny-wan-ar", "wan_ar", "tiny random Wan, chunk by chunk with a KV cache (tests; output is noise)",
               32, 32, 2, 3.0, frames=17, builder=_tiny("tiny-wan-ar")),
+    ModelSpec("tiny-anyflow-far", "anyflow_far", "tiny random AnyFlow-FAR (diffusers' AnyFlowFARPipeline), chunk by "
+              "chunk with a two-tier KV cache (tests; output is noise)", 32, 32, 2, 1.0, frames=25,
+              builder=_tiny("tiny-anyflow-far")),
     ModelSpec("tiny-hunyuanvideo", "hunyuan_video", "tiny random HunyuanVideo (tests; output is noise)", 32,
               32, 4, 6.0, frames=5, fps=24, builder=_tiny("tiny-hunyuanvideo"),
               call_defaults={"prompt_template": {"template": "{}", "crop_start": 0}, "max_sequence_length": 32}),

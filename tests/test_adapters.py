@@ -23,16 +23,17 @@ CASES = {
 
 
 def test_registry_covers_every_family():
-    assert set(ADAPTERS) == {"wan", "wan_ar", "hunyuan_video", "cogvideox", "flux", "flux_kontext", "mpgan"}
+    assert set(ADAPTERS) == {"wan", "wan_ar", "hunyuan_video", "cogvideox", "flux", "flux_kontext", "mpgan",
+                             "anyflow_far"}
     assert {a.transformer_class for a in ADAPTERS.values()} == {
         "WanTransformer3DModel", "HunyuanVideoTransformer3DModel", "CogVideoXTransformer3DModel",
-        "FluxTransformer2DModel", None}
+        "FluxTransformer2DModel", "AnyFlowFARTransformer3DModel", None}
 
 
 def test_unknown_pipeline_and_family_list_the_choices():
     from kinegen.adapters import adapter_for_family
 
-    with pytest.raises(UnsupportedModelError, match="Supported pipelines: CogVideoXPipeline, FluxKontextPipeline"):
+    with pytest.raises(UnsupportedModelError, match="Supported pipelines: AnyFlowFARPipeline, CogVideoXPipeline"):
         get_adapter(object())
     with pytest.raises(UnsupportedModelError, match="known: wan, wan_ar, hunyuan_video"):
         adapter_for_family("sora")
@@ -62,8 +63,8 @@ def test_accelerators_that_do_not_apply_fail_with_the_families_they_support(load
 
 
 def test_unknown_model_lists_supported():
-    with pytest.raises(UnsupportedModelError, match="Supported transformers: CogVideoXTransformer3DModel, "
-                                                   "FluxTransformer2DModel, HunyuanVideoTransformer3DModel"):
+    with pytest.raises(UnsupportedModelError, match="Supported transformers: AnyFlowFARTransformer3DModel, "
+                                                   "CogVideoXTransformer3DModel, FluxTransformer2DModel"):
         get_adapter(torch.nn.Linear(2, 2))
 
 

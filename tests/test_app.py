@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -74,6 +75,67 @@ def test_service_bounds_accelerators_history_and_served_paths(tmp_path):
     assert entry["request"]["seed"] == 3 and json.dumps(entry)
 
 
+def test_service_runs_an_autoregressive_model_chunk_by_chunk(tmp_path):
+    """tiny-wan-ar through the service (no browser): valid frame counts for the Frames field, a count that does not
+    split refused with the valid ones, the video growing chunk by chunk into previews that leave nothing behind, the
+    per-chunk stats in the run info, and a stop between chunks that writes nothing."""
+    import queue
+    import threading
+
+    from kinegen.apps.tabs.common import timing_markdown
+    from kinegen.apps.tabs.generate import GrowingVideo, frames_field
+    from kinegen.errors import RunCancelled
+    from kinegen.media import read_video
+
+    svc = Service(AppConfig(models=["tiny-wan-ar"], gan_models=[], output_dir=tmp_path / "out", max_frames=33))
+    assert svc.frame_counts("tiny-wan-ar") == [1, 9, 17, 25, 33]
+    field = frames_field(svc, "tiny-wan-ar", svc.model_defaults("tiny-wan-ar"))
+    assert field["label"] == "Frames (8k+1)" and field["step"] == 8 and "1, 9, 17, 25, ... 33" in field["info"]
+    with pytest.raises(InvalidRequestError, match="try num_frames 17 or 25"):
+        svc.generate("tiny-wan-ar", GenerationRequest(prompt="a red circle", frames=21))
+
+    events: queue.Queue = queue.Queue()
+    grown = GrowingVideo(svc.partial_video("tiny-wan-ar"))
+    seen, shown, steps = [], [], []
+
+    def on_chunk(done, total, frames):
+        seen.append((done, total, len(frames)))
+        grown.on_chunk(events)(done, total, frames)
+        shown.append(grown.show(done, "video", "image"))  # as the page's loop does, one chunk at a time
+        steps.append(grown.status(1, 2))
+
+    out = svc.generate("tiny-wan-ar", GenerationRequest(prompt="a red circle", frames=17), chunk_callback=on_chunk)
+    assert seen == [(0, 3, 0), (1, 3, 1), (2, 3, 9), (3, 3, 17)]
+    assert steps == ["Generating: chunk 1/3, step 1/2.", "Generating: chunk 2/3, step 1/2 (1 frame so far).",
+                     "Generating: chunk 3/3, step 1/2 (9 frames so far).", "Generating: chunk 3/3, step 1/2 (17 "
+                     "frames so far)."]
+    assert grown.chunk_status(3) == "Generating: chunk 3/3 done, writing the video (17 frames)."
+    assert "value" not in shown[0]["video"]  # nothing to show before the first chunk
+    assert [read_video(s["video"]["value"]).shape[0] for s in shown[1:]] == [1, 9, 17]
+    assert shown[2]["video"]["label"] == "Output so far: chunk 2/3, 9 frames"
+    assert read_video(out["output"]).shape == (17, 32, 32, 3)
+    grown.on_chunk(events)(2, 3, np.zeros((9, 32, 32, 3)))
+    grown.on_chunk(events)(3, 3, np.zeros((17, 32, 32, 3)))
+    assert "value" not in grown.show(2, "video", "image")["video"]  # a newer chunk waits: not written
+    grown.close()
+    assert grown.show(3, "video", "image") == {"video": {"__type__": "update"}}  # closed: nothing more written
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(["history.jsonl", Path(out["output"]).name])
+
+    chunks = out["chunks"]
+    assert [c["frames"] for c in chunks] == [1, 8, 8] and [c["index"] for c in chunks] == [0, 1, 2]
+    kv = [c["kv_bytes"] for c in chunks]
+    assert kv[0] > 0 and kv == sorted(kv)  # the window (5 latent frames) is not full yet at 5 latent frames
+    assert 0 < chunks[0]["ready_s"] < chunks[-1]["ready_s"] <= out["timings"]["total"]
+    md = timing_markdown(out)
+    assert "**Chunk by chunk**: 3 chunks; first frame after" in md and "| 3/3 | 9-16 |" in md
+
+    cancel = threading.Event()
+    with pytest.raises(RunCancelled):
+        svc.generate("tiny-wan-ar", GenerationRequest(prompt="a red circle", frames=17, seed=1), cancel=cancel,
+                     chunk_callback=lambda done, total, frames: done and cancel.set())
+    assert len(svc.history_rows()) == 1 and len(list((tmp_path / "out").iterdir())) == 2
+
+
 @pytest.fixture(scope="module")
 def running_app(tmp_path_factory):
     from kinegen.apps.web import launch_app
@@ -82,8 +144,8 @@ def running_app(tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    config = AppConfig(models=["kinegen-shapes-t2v"], gan_models=[_tiny_gan(tmp / "gan")], output_dir=tmp / "out",
-                       max_steps=30)
+    config = AppConfig(models=["kinegen-shapes-t2v", "tiny-wan-ar"], gan_models=[_tiny_gan(tmp / "gan")],
+                       output_dir=tmp / "out", max_steps=30)
     app = launch_app(config, port=port, prevent_thread_lock=True, quiet=True)
     yield app, f"http://127.0.0.1:{port}/", config
     app.close()
@@ -315,6 +377,73 @@ def test_stop_in_chromium_cancels_the_run_and_frees_the_model(page, running_app)
     assert sorted(os.listdir(config.output_dir)) == files and len(svc.history_rows()) == runs
     path = Client(url, verbose=False).predict(prompt="a red circle moving right", steps=2, api_name="/generate")
     assert path.endswith(".mp4")
+
+
+def test_autoregressive_model_in_chromium_grows_the_video_chunk_by_chunk(page, running_app, monkeypatch):
+    """tiny-wan-ar from the page: the Frames field offers its counts (8k+1), the status line reads "chunk i/n,
+    step j/k", the output video grows chunk by chunk in sight (a new preview after each chunk, no progress overlay
+    over it), then the final video and the per-chunk table; the previews are gone afterwards."""
+    import time
+
+    app, url, config = running_app
+    svc = app.kinegen_service
+    generate = svc.generate
+
+    def slower(*args, chunk_callback=None, **kw):  # a slower model: time for the page to show every chunk
+        def on_chunk(*chunk):
+            chunk_callback(*chunk)
+            time.sleep(0.8)
+
+        return generate(*args, chunk_callback=on_chunk, **kw)
+
+    monkeypatch.setattr(svc, "generate", slower)
+    page.get_by_role("tab", name="Generate").click()
+    page.locator("input[aria-label='Model']:visible").click()  # the Profile tab, visited before, has one too
+    page.get_by_role("option", name="tiny-wan-ar", exact=True).click()
+    frames = page.get_by_label("Frames (8k+1)")  # relabelled for the model's chunks
+    frames.wait_for()
+    assert frames.input_value() == "17" and frames.get_attribute("step") == "8"
+    frames.fill("33")
+    page.get_by_label("Prompt", exact=True).fill("a red circle moving right")
+    page.get_by_label("Cache", exact=True).click()  # an earlier test chose mapguided, which wan_ar refuses
+    page.get_by_role("option", name="none", exact=True).click()
+    page.evaluate("""() => {
+        const seen = window.kinegenSeen = {texts: new Set(), srcs: []};
+        const grab = () => {
+            for (const m of document.body.innerText.matchAll(/(Generating: |Output so far: )chunk [^\\n|]*/g))
+                seen.texts.add(m[0].trim());
+            const out = document.querySelector('#kinegen-output');
+            const src = out.querySelector('video')?.getAttribute('src');
+            if (src && seen.srcs[seen.srcs.length - 1] !== src) {
+                seen.srcs.push(src);  // a new video: is Gradio's status drawn over it a moment later?
+                setTimeout(() => {
+                    const cover = [...out.querySelectorAll('.wrap.default')].map(w => getComputedStyle(w))
+                        .some(st => st.opacity > 0.5 && st.backgroundColor !== 'rgba(0, 0, 0, 0)');
+                    if (cover && src.includes('preview-')) seen.covered = (seen.covered || 0) + 1;
+                }, 300);
+            }
+        };
+        new MutationObserver(grab).observe(document.body, {subtree: true, childList: true, characterData: true,
+                                                           attributes: true, attributeFilter: ['src']});
+    }""")
+    page.get_by_role("button", name="Generate", exact=True).click()
+    page.wait_for_function("() => document.querySelector('#kinegen-info')?.innerText.includes('Chunk by chunk')",
+                           timeout=120_000)
+    texts, srcs, covered = page.evaluate("() => [[...window.kinegenSeen.texts], window.kinegenSeen.srcs, "
+                                         "window.kinegenSeen.covered || 0]")
+    assert "Generating: chunk 1/5, step 1/2." in texts, texts
+    assert any(t.startswith("Generating: chunk 5/5, step 2/2 (25 frames so far)") for t in texts), texts
+    grown = [t for t in texts if t.startswith("Output so far: chunk")]
+    previews = [s for s in srcs if "preview-" in s]
+    assert len(previews) >= 3 and len(grown) >= 3, (srcs, texts)  # the video grew chunk by chunk
+    assert covered == 0  # and was in sight as it grew
+    out = svc.history_rows()[0][-1]
+    page.wait_for_function("() => document.querySelector('#kinegen-output video').videoWidth > 0")
+    video = page.locator("#kinegen-output video")
+    assert video.get_attribute("src").endswith(out) and video.evaluate("e => e.videoWidth") == 32
+    stages = page.locator("#kinegen-info table").nth(1).locator("tbody tr td:first-child").all_inner_texts()
+    assert stages == ["1/5", "2/5", "3/5", "4/5", "5/5"]
+    assert not [p for p in os.listdir(config.output_dir) if p.startswith(".partial")]
 
 
 def test_kinegen_app_flags_auth_file_concurrency_and_max_queue(tmp_path, monkeypatch):

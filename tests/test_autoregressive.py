@@ -3,6 +3,7 @@ rolling window keeps memory flat, a prompt change re-caches, bad settings are re
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -237,3 +238,33 @@ def test_the_web_service_runs_and_stops_an_autoregressive_model(tmp_path):
                      step_callback=stop_after_first, cancel=cancel)
     assert len(svc.history_rows()) == 1 and sorted(p.suffix for p in (tmp_path / "out").iterdir()) == [".jsonl",
                                                                                                        ".mp4"]
+
+
+def test_window_plan_covers_the_video_with_overlapping_prefixes():
+    from kinegen.pipelines.window_extend import window_plan
+
+    assert window_plan(61, 5, 2) == [(0, 5)] + [(3 + 3 * k, 5) for k in range(18)] + [(57, 4)]
+    assert window_plan(5, 5, 2) == [(0, 5)]
+    plan = window_plan(23, 5, 1)
+    assert all(s == prev_s + prev_n - 1 for (prev_s, prev_n), (s, _) in zip(plan, plan[1:], strict=False))
+    with pytest.raises(InvalidRequestError, match="between 1 and window - 1"):
+        window_plan(20, 5, 5)
+
+
+@pytest.mark.parametrize("history", ["clean", "noised"])
+def test_window_by_window_extension_of_a_bidirectional_model(history):
+    import kinegen
+    from kinegen.pipelines.window_extend import extend_window_by_window
+
+    pipe = kinegen.load_pipeline("tiny-wan")
+    kw = dict(num_frames=29, height=32, width=32, num_inference_steps=2, guidance_scale=2.0, window_frames=17,
+              overlap_frames=5, history=history)
+    frames, stats = extend_window_by_window(pipe, "a red circle", generator=torch.Generator().manual_seed(0), **kw)
+    assert frames.shape == (29, 32, 32, 3) and 0 <= frames.min() and frames.max() <= 1
+    assert [(s.frames[0], len(s.frames), s.prefix_frames) for s in stats] == [(0, 5, 0), (3, 5, 2)]
+    again, _ = extend_window_by_window(pipe, "a red circle", generator=torch.Generator().manual_seed(0), **kw)
+    np.testing.assert_array_equal(frames, again)
+    with pytest.raises(InvalidRequestError, match="history must be one of clean, noised"):
+        extend_window_by_window(pipe, "x", **{**kw, "history": "replace"})
+    with pytest.raises(InvalidRequestError, match="overlap_frames must be 4k \\+ 1"):
+        extend_window_by_window(pipe, "x", **{**kw, "overlap_frames": 4})

@@ -560,7 +560,7 @@ def test_parse_config_rejects_bad_configs(text, message):
     ("no component", "is incomplete; missing:\n  - gan/ (kinegen.pipelines.mpgan.MPGANGenerator)"),
     ("index not JSON", "missing:\n  - a valid model_index.json (Expecting"),
     ("index a list", "a valid model_index.json (it holds a JSON object naming the pipeline and its components)"),
-    ("unknown class", "holds a NoSuchPipeline, which Kinegen does not drive. Supported pipelines: CogVideoX"),
+    ("unknown class", "holds a NoSuchPipeline, which Kinegen does not drive. Supported pipelines: AnyFlowFAR"),
     ("no class", "model_index.json names no pipeline class (its \"_class_name\" is None); copy model_index.json"),
     ("config not JSON", "gan/config.json' is not a valid JSON file. Restore the folder from the original checkpoint"),
 ])

@@ -38,6 +38,7 @@ def test_report_has_every_configuration(wan_report):
     env = data["environment"]
     assert {"torch", "diffusers", "device", "dtype", "cpu_count"} <= set(env)
     assert data["settings"]["prompts"] == ["a red circle", "a blue square"]
+    assert "refused" not in data and not any("chunks" in run for run in data["runs"])  # autoregressive only
 
 
 def test_dense_against_itself(wan_report):
@@ -72,6 +73,7 @@ def test_files_written(wan_report):
     assert names == ["latency.png", "report.json", "report.md", "side_by_side.mp4", "speedup_vs_psnr.png"]
     md = (out / "report.md").read_text()
     assert "| dense |" in md and "| first-block:threshold=1.0 |" in md
+    assert "Chunk by chunk" not in md and "Refused" not in md
     video = read_video(out / "side_by_side.mp4")
     assert video.shape[0] == 9 and video.shape[2] == 3 * 64  # three tiles side by side
 
@@ -153,3 +155,36 @@ def test_a_bound_switched_off_is_written_as_json(wan, tmp_path):
     run = json.loads((tmp_path / "report.json").read_text())["runs"][1]
     st = run["accelerator_stats"][0]
     assert st["config"]["max_error"] == "inf" and st["max_error"] == "inf" and st["chosen_speedup"] > 1.0
+
+
+def test_profile_of_an_autoregressive_model_reports_per_chunk_fields_and_refused_accelerators(tmp_path, capsys):
+    """tiny-wan-ar at 33 frames (chunks of 1, 2, 2, 2, 2 latent frames; sink 1, window 5), 2 steps: per-chunk
+    transformer time, the KV cache growing until the window is full and flat after, the time to the first frame
+    before the end of the run, frames per second; a step cache is refused with the reason instead of stopping the
+    profile."""
+    out = tmp_path / "prof"
+    assert main(["profile", "--model", "tiny-wan-ar", "--prompt", "a red circle", "--config", "first-block",
+                 "--repeats", "2", "--warmup", "0", "--steps", "2", "--frames", "33", "--output", str(out)]) == 0
+    data = json.loads((out / "report.json").read_text())
+    assert [r["config"] for r in data["runs"]] == ["dense"]
+    [refused] = data["refused"]
+    assert refused["config"] == "first-block" and "does not apply to wan_ar models" in refused["reason"]
+    run = data["runs"][0]
+    c = run["chunks"]
+    assert c["count"] == 5 and c["frames_per_chunk"] == [1, 8, 8, 8, 8]
+    per_frame = c["kv_bytes_per_chunk"][0]
+    assert c["kv_bytes_per_chunk"] == [per_frame * n for n in (1, 3, 5, 5, 5)]  # grows, then flat once full
+    assert c["kv_bytes"] == {"first": per_frame, "last": 5 * per_frame, "max": 5 * per_frame}
+    t = c["transformer_s_per_chunk"]
+    assert min(t.values()) > 0
+    chunks_total = sum(x["transformer_s"] for x in c["last_run"])  # the chunks split the run's transformer time
+    assert run["transformer_s"]["min"] * 0.999 <= chunks_total <= run["transformer_s"]["max"] * 1.001
+    ttff = c["time_to_first_frame_s"]
+    assert 0 < ttff["min"] <= ttff["median"] <= ttff["max"]
+    assert ttff["median"] < run["latency_s"]["median"] and ttff["max"] < run["latency_s"]["max"]
+    assert c["last_run"][0]["ready_s"] < c["last_run"][-1]["ready_s"]
+    assert c["frames_per_s"] == pytest.approx(33 / run["latency_s"]["median"])
+    md = (out / "report.md").read_text()
+    assert "| config | chunks | transformer s per chunk: mean (first / last) |" in md and "| dense | 5 |" in md
+    assert "Refused for this model (not run):" in md and "- `first-block`: first-block does not apply" in md
+    assert "| dense | 5 |" in capsys.readouterr().out

@@ -13,6 +13,7 @@ new module (a :class:`ModelAdapter` instance, subclassed where a rule differs) p
 from __future__ import annotations
 
 from ..errors import ConfigError, UnsupportedModelError
+from .anyflow import ANYFLOW_FAR
 from .base import ModelAdapter, TokenLayout
 from .cogvideox import COGVIDEOX
 from .flux import FLUX, FLUX_KONTEXT
@@ -39,7 +40,7 @@ def register_adapter(adapter: ModelAdapter) -> ModelAdapter:
     return adapter
 
 
-_BUILTIN = (WAN, WAN_AR, HUNYUAN_VIDEO, COGVIDEOX, FLUX, FLUX_KONTEXT, MPGAN)
+_BUILTIN = (WAN, WAN_AR, HUNYUAN_VIDEO, COGVIDEOX, FLUX, FLUX_KONTEXT, MPGAN, ANYFLOW_FAR)
 for _a in _BUILTIN:
     register_adapter(_a)
 

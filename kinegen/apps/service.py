@@ -124,6 +124,36 @@ def _stop_when_set(cancel: threading.Event | None, step_callback=None):
     return check
 
 
+class PartialVideo:
+    """The growing preview of a chunk-by-chunk run: each :meth:`write` puts the frames so far in a new mp4
+    (atomically) in a private folder under the output folder (so the server may hand it to the browser), and
+    :meth:`close` removes that folder, so a finished or stopped run leaves nothing of its previews behind. Writes
+    after ``close`` (a run stopped while the page was still drawing) do nothing. Thread-safe."""
+
+    def __init__(self, output_dir: Path, fps: int = 16):
+        self.folder = Path(output_dir) / f".partial-{uuid.uuid4().hex}"
+        self.fps = fps
+        self._lock = threading.Lock()
+        self._count = 0
+        self._closed = False
+
+    def write(self, frames) -> str | None:
+        """Write ``frames`` ``[F, H, W, 3]`` as the next preview; its path, or None once closed or without frames."""
+        from ..media import write_video
+
+        with self._lock:
+            if self._closed or len(frames) == 0:
+                return None
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._count += 1
+            return str(write_video(self.folder / f"preview-{self._count:04d}.mp4", frames, fps=self.fps))
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
 def _stamp() -> str:
     """A time stamp plus a short random part: two runs finishing in the same second never share a name."""
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
@@ -159,13 +189,47 @@ class Service:
         return pipe
 
     def model_defaults(self, model: str) -> dict[str, Any]:
+        """The model's default settings (and ``autoregressive: True`` for a chunk-by-chunk model)."""
         from ..loading import resolve_model
 
         spec = resolve_model(model).spec
         if spec is None:
             return {}
-        return {"height": spec.height, "width": spec.width, "frames": spec.frames or 1, "steps": spec.steps,
-                "guidance": spec.guidance, "kind": spec.kind}
+        d = {"height": spec.height, "width": spec.width, "frames": spec.frames or 1, "steps": spec.steps,
+             "guidance": spec.guidance, "kind": spec.kind}
+        if spec.adapter.autoregressive:
+            d["autoregressive"] = True
+        return d
+
+    def frame_counts(self, model: str) -> list[int]:
+        """The frame counts up to ``max_frames`` that ``model`` accepts at its default size (an autoregressive
+        model takes only those that split into its chunks), as its adapter checks them. Loads the model."""
+        from ..errors import KinegenError
+        from ..generation import GenerationRequest, prepare
+
+        pipe = self.pipeline(model)
+        counts = []
+        for frames in range(1, self.config.max_frames + 1):
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", PromptWarning)
+                    prepare(pipe, GenerationRequest(prompt="x", frames=frames))
+            except KinegenError:
+                continue
+            counts.append(frames)
+        return counts
+
+    def partial_video(self, model: str) -> PartialVideo:
+        """A writer of a chunk-by-chunk run's growing preview (see :class:`PartialVideo`), at the model's frame rate
+        (16 for a model this server does not know: the run itself then says what is wrong)."""
+        from ..errors import KinegenError
+        from ..loading import resolve_model
+
+        try:
+            spec = resolve_model(model).spec if model in self.config.models else None
+        except KinegenError:
+            spec = None
+        return PartialVideo(self.output_dir, fps=spec.fps if spec is not None else 16)
 
     def class_names(self, model: str) -> list[str]:
         return list(self.pipeline(model, "gan").class_names)
@@ -208,10 +272,13 @@ class Service:
     # ------------------------------------------------------------------ runs
 
     def generate(self, model: str, request, accelerators=(), *, compare: bool = False, user: str = "anonymous",
-                 step_callback=None, cancel: threading.Event | None = None) -> dict[str, Any]:
+                 step_callback=None, chunk_callback=None, cancel: threading.Event | None = None) -> dict[str, Any]:
         """One generation (and, with ``compare``, the dense run of the same request).
 
-        Returns the output paths, timings, accelerator stats and (compare) speedup and PSNR against dense.
+        Returns the output paths, timings, accelerator stats and (compare) speedup and PSNR against dense; for an
+        autoregressive model also ``chunks`` (one dict per chunk: transformer seconds, KV bytes, when its frames
+        were ready, ...), and ``chunk_callback(done, total, frames_so_far)`` follows the video as it grows
+        (:func:`kinegen.generation.run_job`).
         Once ``cancel`` is set (the page's run was cancelled or its client left), the run stops at its next
         denoising step, or does not start if it is still waiting for the model, with :class:`RunCancelled`; an
         exception from ``step_callback`` stops it the same way. A stopped run writes and records nothing, and the
@@ -231,10 +298,11 @@ class Service:
         self.check_request(request)  # the model's defaults filled in, bounds again
         if cancel is not None:
             step_callback = _stop_when_set(cancel, step_callback)
+            chunk_callback = _stop_when_set(cancel, chunk_callback)
         self.limiter.check(user)
         with self._locks[model]:  # run_job turns running out of memory into one message, lock released
             _stop_when_set(cancel)()  # cancelled while it waited for the model: do not start
-            result = run_job(job, accelerators, step_callback=step_callback)
+            result = run_job(job, accelerators, step_callback=step_callback, chunk_callback=chunk_callback)
             dense = None
             if compare and accelerators:
                 _stop_when_set(cancel)()
@@ -245,6 +313,8 @@ class Service:
                                "kind": result.kind, "request": request.to_dict(), "model": model,
                                "accelerators": accelerators, "timings": result.timings,
                                "stats": result.accelerators, "warnings": result.warnings}
+        if result.chunks:
+            out["chunks"] = result.chunks
         if dense is not None:
             out["dense_output"] = str(dense.save(self.output_dir / f"{stem}-dense{ext}"))
             out["dense_timings"] = dense.timings

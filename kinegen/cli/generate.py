@@ -134,9 +134,9 @@ def run(args) -> int:
     spec = job.spec
     output = check_output_path(_output(args, job.kind), job.kind)
     pipe.set_progress_bar_config(leave=False, disable=None)
-    with warnings.catch_warnings():  # an accelerator's warning is printed once, below, as a `warning:` line
+    with warnings.catch_warnings(), _ChunkProgress(job) as bar:  # an accelerator's warning: printed once, below
         warnings.simplefilter("ignore", FidelityWarning)
-        result = run_job(job, accelerators)
+        result = run_job(job, accelerators, **bar.callbacks())
     t0 = time.perf_counter()
     result.save(output)
     write_s = time.perf_counter() - t0
@@ -149,6 +149,11 @@ def run(args) -> int:
         "transformer_calls": t["transformer_calls"], "accelerators": result.accelerators,
         "warnings": result.warnings,
     }
+    if result.chunks:  # an autoregressive model: what each chunk cost
+        from ..profiling.chunks import chunk_summary
+
+        summary["chunks"] = chunk_summary([result.chunks], [t["total"]], int(result.frames.shape[0]))
+        summary["chunk_stats"] = result.chunks
     planned = next((st for st in result.accelerators if st["name"] == "mapguided" and st.get("map")), None)
     if args.heatmap and planned is not None:  # with --json too
         _write_heatmap(args.heatmap, planned, spec.name, r.steps)
@@ -161,6 +166,10 @@ def run(args) -> int:
     print(f"time: load {load_s:.2f} s | text encoder {t['text_encoder']:.2f} s | transformer {t['transformer']:.2f} s "
           f"({t['transformer_calls']} calls) | VAE decode {t['vae_decode']:.2f} s | other {t['other']:.2f} s | "
           f"generation total {t['total']:.2f} s | write {write_s:.2f} s")
+    if result.chunks:
+        from ..profiling.chunks import summary_line
+
+        print(f"chunk by chunk: {summary_line(summary['chunks'])}")
     for st in result.accelerators:
         print(f"accelerator {st['name']}: {settings_text(st['config']) or 'defaults'}")
         for name, text in stat_items(st):
@@ -170,6 +179,38 @@ def run(args) -> int:
     if "heatmap" in summary:
         print(f"wrote {args.heatmap} (TVMap and plan)")
     return 0
+
+
+class _ChunkProgress:
+    """A progress bar per chunk for an autoregressive model (its pipeline draws none when it streams), with the
+    denoising step within the chunk; nothing for other models, whose pipelines draw their own bar."""
+
+    def __init__(self, job):
+        self.on = job.streams
+        self.bar = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.close()
+
+    def callbacks(self) -> dict:
+        """``run_job`` keyword arguments: the chunk and step callbacks (none for other models)."""
+        return {"chunk_callback": self.on_chunk, "step_callback": self.on_step} if self.on else {}
+
+    def on_chunk(self, done: int, total: int, frames) -> None:
+        if self.bar is None:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, desc="chunks", unit="chunk", leave=False, disable=None, file=sys.stderr)
+        self.bar.set_postfix_str(f"frames: {len(frames)}", refresh=False)
+        self.bar.update(done - self.bar.n)
+
+    def on_step(self, step: int, steps: int, _latents) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"chunk {self.bar.n + 1}/{self.bar.total}, step {step + 1}/{steps}")
 
 
 def _write_heatmap(path: str, st: dict, model: str, steps: int) -> None:

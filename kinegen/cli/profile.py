@@ -1,5 +1,6 @@
 """``kinegen profile``: the dense baseline and each ``--config`` on the same prompts and seeds, with
-latency, transformer time, speedup, peak memory and fidelity against dense, written as a report."""
+latency, transformer time, speedup, peak memory and fidelity against dense (and per-chunk figures for an
+autoregressive model), written as a report."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ def add_parser(subparsers) -> None:
         "profile", help="compare accelerator configurations against the dense baseline",
         description="Run the dense baseline and each --config on the same prompts and seeds (warm-up, then "
                     "interleaved repeats); report latency, transformer time, speedup, peak memory and fidelity "
-                    "(PSNR, SSIM) against dense. Writes DIR/report.json, DIR/report.md, DIR/speedup_vs_psnr.png, "
-                    "DIR/latency.png and a side-by-side video (or image) of the outputs.",
+                    "(PSNR, SSIM) against dense; for an autoregressive (chunk-by-chunk) model also transformer time "
+                    "and KV cache per chunk, time to first frame and frames per second. A configuration the model's "
+                    "family refuses is reported with the reason, not run. Writes DIR/report.json, DIR/report.md, "
+                    "DIR/speedup_vs_psnr.png, DIR/latency.png and a side-by-side video (or image) of the outputs.",
         epilog=EPILOG_ACCEL + " Join accelerators with '+' to combine them in one configuration; 'dense' times "
                "the baseline against itself.",
     )

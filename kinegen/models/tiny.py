@@ -82,6 +82,25 @@ def build_tiny_wan_ar():
                                      sink_frames=1, window_frames=5)
 
 
+def build_tiny_anyflow_far():
+    """A tiny AnyFlow-FAR (diffusers' AnyFlowFARTransformer3DModel, FlowMapEulerDiscreteScheduler, tiny-wan's text
+    encoder and VAE sizes) in Kinegen's AnyFlowFARPipeline: chunks of 2 latent frames after a first of 1, the 2 most
+    recent committed chunks at full resolution and older ones compressed (1, 4, 4), as the released checkpoints."""
+    from diffusers import AnyFlowFARTransformer3DModel, AutoencoderKLWan, FlowMapEulerDiscreteScheduler
+
+    from ..pipelines.anyflow_far import KinegenAnyFlowFARPipeline
+
+    transformer = AnyFlowFARTransformer3DModel(
+        patch_size=(1, 2, 2), compressed_patch_size=(1, 4, 4), full_chunk_limit=3, num_attention_heads=2,
+        attention_head_dim=12, in_channels=16, out_channels=16, text_dim=32, freq_dim=32, ffn_dim=48, num_layers=2,
+        rope_max_seq_len=32, chunk_partition=(1, 2, 2, 2),
+    )
+    vae = AutoencoderKLWan(base_dim=8, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[False, True, True])
+    return KinegenAnyFlowFARPipeline(tokenizer=char_tokenizer(512), text_encoder=_t5_encoder(umt5=True),
+                                     transformer=transformer, vae=vae, scheduler=FlowMapEulerDiscreteScheduler())
+
+
 def build_tiny_hunyuanvideo():
     from diffusers import (
         AutoencoderKLHunyuanVideo,
@@ -161,6 +180,7 @@ def build_tiny_flux_kontext():
 BUILDERS = {
     "tiny-wan": build_tiny_wan,
     "tiny-wan-ar": build_tiny_wan_ar,
+    "tiny-anyflow-far": build_tiny_anyflow_far,
     "tiny-hunyuanvideo": build_tiny_hunyuanvideo,
     "tiny-cogvideox": build_tiny_cogvideox,
     "tiny-flux": build_tiny_flux,

@@ -289,17 +289,18 @@ class WanAutoregressivePipeline(WanPipeline):
     def stream(self, prompt: str | list[tuple[int, str]], **kwargs):
         """Like calling the pipeline, but a generator of :class:`StreamedChunk`: each chunk's video frames, decoded
         as soon as it is committed (the causal VAE carries its cache from chunk to chunk, so the frames are the
-        ones a decode of the whole video gives). Closing the generator stops the run and restores the model."""
+        ones a decode of the whole video gives). Closing the generator stops the run and restores the model;
+        ``callback_on_step_end`` is called after each denoising step of each chunk, as by the call."""
         decoder = StreamingWanDecoder(self.vae)
         keys = ("negative_prompt", "height", "width", "num_frames", "num_inference_steps", "guidance_scale",
                 "chunk_frames", "first_chunk_frames", "sink_frames", "window_frames", "generator",
-                "max_sequence_length")
+                "max_sequence_length", "callback_on_step_end")
         unknown = sorted(set(kwargs) - set(keys))
         if unknown:
             raise ConfigError(f"stream() takes {', '.join(keys)}; not {', '.join(unknown)}.")
         args = dict(negative_prompt=None, height=480, width=832, num_frames=81, num_inference_steps=4,
                     guidance_scale=1.0, chunk_frames=None, first_chunk_frames=None, sink_frames=None,
-                    window_frames=None, generator=None, max_sequence_length=226)
+                    window_frames=None, generator=None, max_sequence_length=226, callback_on_step_end=None)
         args.update(kwargs)
         for x, st, total in self._chunks(prompt, **args):
             t0 = time.perf_counter()

@@ -14,6 +14,7 @@ import numpy as np
 from ..media import atomic_path, to_uint8, write_image, write_video
 from ..plotting import plot_latency, plot_speedup_vs_psnr, save_heatmap
 from ..text import json_safe, slug, stat_items
+from .chunks import bytes_text
 
 if TYPE_CHECKING:
     from .runner import ProfileReport
@@ -59,6 +60,7 @@ def markdown_table(report: ProfileReport) -> str:
               f"report {s['psnr_cap_db']:.0f} dB. Speedups are ratios of medians from this run. LPIPS: {s['lpips']}. "
               f"Adherence: {s.get('adherence', 'not checked')}.",
               ""]
+    lines += _chunk_lines(report) + _refused_lines(report)
     notes = [(r["config"], st) for r in report.runs for st in r.get("accelerator_stats") or []]
     if notes:
         lines += ["Accelerator stats (last timed run of each configuration):", ""]
@@ -68,6 +70,34 @@ def markdown_table(report: ProfileReport) -> str:
             lines.append(f"- `{label}`: {scalars}{warning}")
         lines.append("")
     return "\n".join(lines)
+
+
+def _chunk_lines(report: ProfileReport) -> list[str]:
+    """An autoregressive model's per-chunk table (none for other models)."""
+    runs = [r for r in report.runs if r.get("chunks")]
+    if not runs:
+        return []
+    lines = ["Chunk by chunk (the first request's timed runs): transformer seconds per chunk, the KV cache after "
+             "the first and last chunk and its largest, the time until the first chunk's frames were decoded, and "
+             "video frames per second of the whole run.", "",
+             "| config | chunks | transformer s per chunk: mean (first / last) | KV cache: first / last / max "
+             "| time to first frame s | frames/s |",
+             "|---|---|---|---|---|---|"]
+    for r in runs:
+        c = r["chunks"]
+        t, kv, ttff = c["transformer_s_per_chunk"], c["kv_bytes"], c["time_to_first_frame_s"]
+        lines.append(f"| {r['config']} | {c['count']} | {t['mean']:.3f} ({t['first']:.3f} / {t['last']:.3f}) | "
+                     f"{bytes_text(kv['first'])} / {bytes_text(kv['last'])} / {bytes_text(kv['max'])} | "
+                     f"{ttff['median']:.3f} | {_fmt(c['frames_per_s'])} |")
+    return lines + [""]
+
+
+def _refused_lines(report: ProfileReport) -> list[str]:
+    """Configurations the model's family refused (not run), each with the reason."""
+    if not report.refused:
+        return []
+    return ["Refused for this model (not run):", ""] + [f"- `{r['config']}`: {r['reason']}" for r in report.refused] \
+        + [""]
 
 
 def _plot_speedup_psnr(report: ProfileReport, path: Path) -> None:

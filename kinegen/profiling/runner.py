@@ -131,9 +131,14 @@ class ProfileReport:
     outputs: dict[str, np.ndarray] = dataclasses.field(default_factory=dict, repr=False)
     kind: str = "video"
     fps: int = 16
+    # configurations the model's family refuses, not run: [{"config": label, "reason": message}]
+    refused: list[dict[str, str]] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"runs": self.runs, "settings": self.settings, "environment": self.environment}
+        d = {"runs": self.runs, "settings": self.settings, "environment": self.environment}
+        if self.refused:
+            d["refused"] = self.refused
+        return d
 
     def run(self, label: str) -> dict[str, Any]:
         for r in self.runs:
@@ -146,6 +151,18 @@ class ProfileReport:
         from .report import write_report
 
         return write_report(self, Path(output_dir))
+
+
+def _chunk_fields(samples: list[tuple[int, float, list[dict]]], frames: int) -> dict[str, Any]:
+    """A configuration's per-chunk figures (:func:`kinegen.profiling.chunks.chunk_summary`) over the timed runs of
+    the first request (every request has the same chunks; its runs are the same work), with the chunks of its
+    last run as they were."""
+    from .chunks import chunk_summary
+
+    first = [(latency, chunks) for ri, latency, chunks in samples if ri == 0]
+    out = chunk_summary([c for _, c in first], [lat for lat, _ in first], frames)
+    out["last_run"] = first[-1][1]
+    return out
 
 
 def _adherence_readings(spec, frames: dict) -> dict | None:
@@ -190,6 +207,23 @@ def environment(pipe) -> dict[str, Any]:
     return env
 
 
+def _split_refused(configs: list[ProfileConfig], adapter) -> tuple[list[ProfileConfig], list[dict[str, str]]]:
+    """The configurations whose accelerators apply to the model's family, and the others with the reason (an
+    autoregressive model refuses step caches and whole-sequence sparse attention): reported, not run."""
+    from ..adapters import check_supports
+
+    kept, refused = [], []
+    for c in configs:
+        try:
+            for acc, _ in c.parsed:
+                check_supports(adapter, acc)
+        except ConfigError as e:
+            refused.append({"config": c.label, "reason": str(e)})
+        else:
+            kept.append(c)
+    return kept, refused
+
+
 # ---------------------------------------------------------------------------- the profiler
 
 
@@ -220,9 +254,9 @@ def profile(pipe, prompts: list[str] | str, configs: list[str | ProfileConfig], 
     if seeds < 1 or repeats < 1 or warmup < 0:
         raise InvalidRequestError("seeds and repeats must be >= 1 and warmup >= 0.")
     parsed = [c if isinstance(c, ProfileConfig) else parse_config(c) for c in configs]
-    all_configs = _unique_labels([ProfileConfig(DENSE)] + parsed)
     jobs = [prepare(pipe, GenerationRequest(prompt=p, seed=s, **request_fields))
             for p in prompts for s in range(seeds)]
+    all_configs, refused = _split_refused(_unique_labels([ProfileConfig(DENSE)] + parsed), jobs[0].adapter)
     if output_dir is not None:  # fail on an unwritable folder before hours of work
         out = Path(output_dir)
         if out.exists() and not out.is_dir():
@@ -240,7 +274,7 @@ def profile(pipe, prompts: list[str] | str, configs: list[str | ProfileConfig], 
         if progress is not None:
             progress(done, total, label)
 
-    samples = {c.label: {"latency": [], "transformer": [], "memory": [], "calls": [], "stats": None}
+    samples = {c.label: {"latency": [], "transformer": [], "memory": [], "calls": [], "stats": None, "chunks": []}
                for c in all_configs}
     frames: dict[tuple[str, int], np.ndarray] = {}
 
@@ -262,6 +296,8 @@ def profile(pipe, prompts: list[str] | str, configs: list[str | ProfileConfig], 
                 s["memory"].append(mem.peak_mb)
                 s["calls"].append(result.timings["transformer_calls"])
                 s["stats"] = result.accelerators
+                if result.chunks:  # an autoregressive model: what each chunk cost
+                    s["chunks"].append((ri, latency, result.chunks))
                 frames.setdefault((c.label, ri), result.frames)
                 tick(c.label)
 
@@ -293,6 +329,8 @@ def profile(pipe, prompts: list[str] | str, configs: list[str | ProfileConfig], 
             "transformer_calls": int(sum(s["calls"])),
             "accelerator_stats": s["stats"] or [],
         })
+        if s["chunks"]:
+            runs[-1]["chunks"] = _chunk_fields(s["chunks"], frames[(c.label, 0)].shape[0])
     spec = jobs[0].spec
     first = jobs[0].request
     settings = {
@@ -308,7 +346,7 @@ def profile(pipe, prompts: list[str] | str, configs: list[str | ProfileConfig], 
     }
     report = ProfileReport(runs=runs, settings=settings, environment=environment(pipe),
                            outputs={c.label: frames[(c.label, 0)] for c in all_configs},
-                           kind=spec.kind, fps=spec.fps)
+                           kind=spec.kind, fps=spec.fps, refused=refused)
     if output_dir is not None:
         report.save(output_dir)
     return report

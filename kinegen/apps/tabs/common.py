@@ -129,4 +129,28 @@ def timing_markdown(out: dict[str, Any]) -> str:
         shown = ", ".join(f"{k}={v}" for k, v in stat_items(st))
         if shown:
             md += f"\n\n`{st['name']}`: {shown}"
+    if out.get("chunks"):
+        md += "\n\n" + chunks_markdown(out["chunks"], t["total"])
+    return md
+
+
+def _latent_frames(n: int) -> str:
+    return f"{n} latent frame{'' if n == 1 else 's'}"
+
+
+def chunks_markdown(chunks: list[dict[str, Any]], total_s: float) -> str:
+    """An autoregressive run's chunks: a summary line, then per chunk its video frames, transformer and decode
+    seconds, when its frames were ready and the KV cache after it."""
+    from ...profiling.chunks import bytes_text, chunk_summary, summary_line
+
+    frames = sum(c["frames"] for c in chunks)
+    md = (f"**Chunk by chunk**: {summary_line(chunk_summary([chunks], [total_s], frames))}.\n\n"
+          "| chunk | frames | transformer s | VAE decode s | ready at s | KV cache |\n|---|---|---|---|---|---|\n")
+    first = 0
+    for c in chunks:
+        last = first + c["frames"] - 1
+        span = str(first) if last == first else f"{first}-{last}"
+        md += (f"| {c['index'] + 1}/{len(chunks)} | {span} | {c['transformer_s']:.3f} | {c['decode_s']:.3f} | "
+               f"{c['ready_s']:.2f} | {bytes_text(c['kv_bytes'])} ({_latent_frames(len(c['cached_frames']))}) |\n")
+        first = last + 1
     return md

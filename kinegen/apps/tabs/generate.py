@@ -74,7 +74,8 @@ def build(ctx: TabContext) -> GenerateTab:
                 with gr.Row():
                     height = gr.Number(label="Height", value=d.get("height", 128), precision=0)
                     width = gr.Number(label="Width", value=d.get("width", 128), precision=0)
-                    frames = gr.Number(label="Frames (4k+1)", value=d.get("frames", 17), precision=0)
+                    frames = gr.Number(value=d.get("frames", 17), precision=0,
+                                       **frames_field(svc, text_models[0] if text_models else "", d))
                 with gr.Row():
                     steps = gr.Slider(1, config.max_steps, value=d.get("steps", 20), step=1, label="Steps")
                     guidance = gr.Slider(0, 20, value=d.get("guidance", 4.0), step=0.5, label="Guidance")
@@ -128,7 +129,7 @@ def build(ctx: TabContext) -> GenerateTab:
     def on_model(name):
         dd = svc.model_defaults(name)
         return (gr.update(value=dd.get("height")), gr.update(value=dd.get("width")),
-                gr.update(value=dd.get("frames"), visible=dd.get("kind") == "video"),
+                gr.update(value=dd.get("frames"), visible=dd.get("kind") == "video", **frames_field(svc, name, dd)),
                 gr.update(value=dd.get("steps")), gr.update(value=dd.get("guidance")))
 
     # .input, not .change: loading a history row sets the model too, and must keep the row's settings.
@@ -165,20 +166,23 @@ def build(ctx: TabContext) -> GenerateTab:
         running[session] = cancel
         every = config.preview_every or max(1, int(req.steps or 20) // 5)
         pipe_box: dict[str, Any] = {}
+        grown = GrowingVideo(svc.partial_video(model_))  # an autoregressive model's video so far
 
         def on_step(i, n, latents):
             preview_img = None
-            if latents is not None and ((i + 1) % every == 0) and "pipe" in pipe_box:
-                preview_img = preview_frame(pipe_box["pipe"], latents)
+            if latents is not None and ((i + 1) % every == 0) and "pipe" in pipe_box and not grown.total:
+                preview_img = preview_frame(pipe_box["pipe"], latents)  # chunks show their own frames instead
             events.put(("step", i + 1, n, preview_img))
 
         def work():
             try:
                 pipe_box["pipe"] = svc.pipeline(model_)
                 out = svc.generate(model_, req, specs, compare=bool(compare_), user=user_name(request),
-                                   step_callback=on_step, cancel=cancel)
+                                   step_callback=on_step, chunk_callback=grown.on_chunk(events), cancel=cancel)
                 events.put(("done", out))
             except Exception as e:  # handed to the page below
+                if cancel.is_set():  # stopped: the page is gone or going, remove its previews now
+                    grown.close()
                 events.put(("error", e))
 
         threading.Thread(target=work, daemon=True).start()
@@ -188,11 +192,17 @@ def build(ctx: TabContext) -> GenerateTab:
                 ev = events.get()
                 if ev[0] == "step":
                     _, i, n, img = ev
+                    if grown.total:  # chunk by chunk: the status line, not Gradio's progress (it would hide the video)
+                        yield {info: grown.status(i, n)}
+                        continue
                     then = ", then the dense baseline" if compare_ and specs else ""
                     done = f" (decoding{then})" if i == n else ""
                     progress((i, n), desc=f"denoising step {i}/{n}{done}")
                     # Yield at every step, even with nothing to show: Gradio can stop a generator only at a yield.
                     yield {preview: img if img is not None else gr.update()}
+                elif ev[0] == "chunk":
+                    yield {**grown.show(ev[1], video, image_out), info: grown.chunk_status(ev[1]),
+                           preview: None if ev[1] == 0 else gr.update()}
                 elif ev[0] == "error":
                     raise page_error(ev[1])
                 else:
@@ -200,12 +210,15 @@ def build(ctx: TabContext) -> GenerateTab:
                     break
         finally:  # Stop, a closed page, or an error: the worker stops at its next step and frees the model
             cancel.set()
+            grown.close()
             if running.get(session) is cancel:
                 del running[session]
         is_video = out["kind"] == "video"
         h, w = display_size(out["request"]["height"], out["request"]["width"])
+        grown_label = {"label": "Output"} if grown.total else {}  # the label said how far the video had grown
         yield {
-            video: gr.update(value=out["output"] if is_video else None, visible=is_video, height=h, width=w),
+            video: gr.update(value=out["output"] if is_video else None, visible=is_video, height=h, width=w,
+                             **grown_label),
             image_out: gr.update(value=None if is_video else out["output"], visible=not is_video, height=h,
                                  width=w),
             dense_video: gr.update(value=out.get("dense_output") if is_video else None,
@@ -258,6 +271,89 @@ def build(ctx: TabContext) -> GenerateTab:
     return GenerateTab(settings=[model, prompt, negative, height, width, frames, steps, guidance, seed, cache,
                                  cache_opts, attention, attention_opts], outputs=[video, image_out, info],
                        caches=list(ctx.caches), attentions=list(ctx.attentions))
+
+
+def frames_field(svc, model: str, defaults: dict[str, Any]) -> dict[str, Any]:
+    """The Frames field's label, step and note for ``model``: ``4k+1`` for most models; for an autoregressive
+    model the counts that split into its chunks (``8k+1``, listed in the note), so that the arrows step through
+    valid counts only. Falls back to ``4k+1`` when the model cannot be loaded (the run then says why)."""
+    plain = {"label": "Frames (4k+1)", "step": 1, "info": None}
+    if not defaults.get("autoregressive"):
+        return plain
+    try:
+        counts = svc.frame_counts(model)
+    except Exception:  # the Generate button reports the real error
+        log.debug("frame counts of %s", model, exc_info=True)
+        return plain
+    if not counts:
+        return {"label": "Frames", "step": 1,
+                "info": f"Chunk by chunk: no frame count up to this server's limit splits into {model}'s chunks."}
+    steps = {b - a for a, b in zip(counts, counts[1:], strict=False)}
+    step = steps.pop() if len(steps) == 1 else 1
+    rule = f"{step}k+{counts[0] % step}" if step > 1 else ", ".join(map(str, counts[:6]))
+    shown = ", ".join(map(str, counts[:4])) + (f", ... {counts[-1]}" if len(counts) > 4 else "")
+    return {"label": f"Frames ({rule})", "step": step,
+            "info": f"Chunk by chunk: frame counts that split into {model}'s chunks: {shown}."}
+
+
+def _frames(n: int) -> str:
+    return f"{n} frame{'' if n == 1 else 's'}"
+
+
+class GrowingVideo:
+    """The Generate tab's view of an autoregressive run: the chunk callback (run in the worker thread) keeps the
+    frames so far and tells the page's loop; the loop writes the newest frames as a preview video (skipping any
+    that a newer chunk has already replaced) and shows a status line, ``chunk i/n, step j/k``, where other models
+    have Gradio's progress bar: a progress message covers every output of the event, and the video must stay in
+    sight while it grows."""
+
+    def __init__(self, partial):
+        self.partial = partial  # a service.PartialVideo
+        self.total = 0  # chunks in the run (0 until the run says: a model that is not autoregressive)
+        self.done = 0  # chunks committed, as the page's loop has seen them
+        self.frames = 0  # video frames shown so far
+        self._latest: tuple[int, Any] = (0, None)
+
+    def on_chunk(self, events: queue.Queue):
+        """The run's ``chunk_callback``: keeps the newest frames and queues a ``("chunk", done)`` event."""
+
+        def callback(done: int, total: int, frames) -> None:
+            self.total = total
+            self._latest = (done, frames)
+            events.put(("chunk", done))
+
+        return callback
+
+    def status(self, step: int, steps: int) -> str:
+        """The status line during denoising step ``step`` of ``steps`` of the chunk after the ones done."""
+        so_far = f" ({_frames(self.frames)} so far)" if self.frames else ""
+        return f"Generating: chunk {min(self.done + 1, self.total)}/{self.total}, step {step}/{steps}{so_far}."
+
+    def chunk_status(self, done: int) -> str:
+        """The status line once ``done`` chunks are committed and decoded."""
+        if done == 0:
+            return f"Generating: chunk 1/{self.total}, encoding the prompt."
+        if done == self.total:
+            return f"Generating: chunk {done}/{self.total} done, writing the video ({_frames(self.frames)})."
+        return f"Generating: chunk {done}/{self.total} done ({_frames(self.frames)} so far)."
+
+    def show(self, done: int, video, image_out) -> dict:
+        """Updates for the page after chunk ``done``: the video so far (written only for the newest chunk)."""
+        import gradio as gr
+
+        self.done = done
+        latest, frames = self._latest
+        path = self.partial.write(frames) if done == latest and frames is not None else None
+        if path is None:
+            return {video: gr.update()}
+        self.frames = len(frames)
+        h, w = display_size(frames.shape[1], frames.shape[2])
+        return {video: gr.update(value=path, visible=True, height=h, width=w,
+                                 label=f"Output so far: chunk {done}/{self.total}, {_frames(len(frames))}"),
+                image_out: gr.update(visible=False)}
+
+    def close(self) -> None:
+        self.partial.close()
 
 
 def preview_frame(pipe, latents) -> np.ndarray | None:
