@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     latent = ff + cf * (args.chunks - 1)
     frames = 4 * (latent - 1) + 1
     runs = {}
-    for name, window in (("rolling", pipe.config.window_frames), ("global", None)):
+    for name, window in (("rolling", pipe.config.window_frames), ("global", "global")):
         print(f"{name} cache: {args.chunks} chunks, {frames} frames ...", flush=True)
         runs[name] = rollout(pipe, args.prompt, frames, window, steps, spec.guidance, spec.height)
         c = runs[name]["chunks"]

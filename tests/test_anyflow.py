@@ -10,9 +10,8 @@ import torch
 
 import kinegen
 from kinegen.adapters import get_adapter
-from kinegen.adapters.anyflow import far_chunk_partition
 from kinegen.errors import ConfigError, InvalidRequestError
-from kinegen.pipelines.anyflow_far import exact_far_attention
+from kinegen.pipelines.anyflow_far import exact_far_attention, far_chunk_partition
 
 RELEASED = (1, 3, 3, 3, 3, 3, 3, 2)  # diffusers' default chunk_partition: 21 latent frames, 81 video frames
 

@@ -71,6 +71,13 @@ def test_rolling_window_keeps_sinks_and_recent_frames_and_flat_memory(ar):
     assert [s.kv_bytes for s in glob] == [per_frame * len(s.cached_frames) for s in glob] == \
         [per_frame * n for n in (1, 3, 5, 7, 9)]  # a global cache grows linearly
     assert [s.kv_bytes for s in rolling][2:] == [5 * per_frame] * 3  # flat once the window is full
+    # a pipeline configured with a window still runs with a global cache when a call asks for one
+    ar.register_to_config(sink_frames=1, window_frames=5)
+    try:
+        assert [s.kv_bytes for s in ar("a red circle", window_frames="global", **kw).chunk_stats] == \
+            [s.kv_bytes for s in glob]
+    finally:
+        ar.register_to_config(sink_frames=0, window_frames=None)
 
 
 @torch.no_grad()

@@ -15,8 +15,9 @@ arXiv:2503.19325; ../shared/reference/autoregressive_dasa.md, section 2):
   1.0 in a few steps per chunk.
 
 Kinegen drives it through :class:`kinegen.pipelines.anyflow_far.KinegenAnyFlowFARPipeline`, which turns a frame count
-into a chunk partition (:func:`far_chunk_partition`) and runs the cached attention on exact sequences
-(docs/autoregressive.md, "AnyFlow-FAR models"); a folder it saves is still a stock ``AnyFlowFARPipeline`` folder.
+into a chunk partition (``far_chunk_partition`` in the same module) and runs the cached attention on exact
+sequences (docs/autoregressive.md, "AnyFlow-FAR models"); a folder it saves is still a stock ``AnyFlowFARPipeline``
+folder.
 """
 
 from __future__ import annotations
@@ -25,36 +26,6 @@ import dataclasses
 
 from ..errors import InvalidRequestError
 from .base import ModelAdapter
-
-
-def far_chunk_partition(latent_frames: int, configured, full_chunk_limit: int, temporal_factor: int = 4) -> list[int]:
-    """Latent frames per chunk for a video of ``latent_frames`` latent frames.
-
-    The model's ``configured`` partition when the counts match (what diffusers uses by default); otherwise its first
-    chunk, then chunks of its second chunk's size, and a shorter last chunk for what is left (the released
-    ``(1, 3, ..., 3, 2)`` is this rule for 21 frames). diffusers allocates the compressed tier for
-    ``chunks - full_chunk_limit + 1`` chunks (``pipeline_anyflow_far.py``, ``__call__`` step 6: a negative size
-    fails), so a video needs at least ``full_chunk_limit - 1`` chunks; fewer is refused with the smallest video
-    frame count (``temporal_factor * (latent - 1) + 1``) that works.
-    """
-    configured = [int(c) for c in configured]
-    first = configured[0]
-    size = configured[1] if len(configured) > 1 else first
-    need = max(1, full_chunk_limit - 1)
-    parts: list[int] = []
-    if latent_frames == sum(configured):
-        parts = configured
-    elif latent_frames >= first:
-        rest = latent_frames - first
-        parts = [first] + [size] * (rest // size) + ([rest % size] if rest % size else [])
-    if len(parts) < need:
-        smallest = max(first, first + (need - 2) * size + 1)  # a first chunk, full chunks, then one frame
-        got = f"{len(parts)} chunk{'s' if len(parts) > 1 else ''}" if parts else "less than the first chunk"
-        raise InvalidRequestError(
-            f"AnyFlow-FAR generates chunk by chunk (a first chunk of {first} latent frames, then chunks of {size}) "
-            f"and its KV cache needs at least {need} chunks; num_frames {temporal_factor * (latent_frames - 1) + 1} "
-            f"gives {got}. Try num_frames {temporal_factor * (smallest - 1) + 1} or more.")
-    return parts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +52,10 @@ class AnyFlowFARAdapter(ModelAdapter):
         return (frames - 1) // int(pipe.vae_scale_factor_temporal) + 1
 
     def chunk_partition(self, pipe, frames: int) -> list[int]:
-        """Latent frames per chunk for ``frames`` video frames on this pipeline (:func:`far_chunk_partition`)."""
+        """Latent frames per chunk for ``frames`` video frames on this pipeline
+        (:func:`kinegen.pipelines.anyflow_far.far_chunk_partition`)."""
+        from ..pipelines.anyflow_far import far_chunk_partition
+
         cfg = pipe.transformer.config
         return far_chunk_partition(self.latent_frames(pipe, frames), cfg.chunk_partition, cfg.full_chunk_limit,
                                    int(pipe.vae_scale_factor_temporal))

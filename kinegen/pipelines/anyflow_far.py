@@ -26,7 +26,37 @@ import torch.nn.functional as F
 from diffusers import AnyFlowFARPipeline
 from diffusers.models.transformers.transformer_anyflow_far import apply_rotary_emb
 
-from ..adapters.anyflow import ANYFLOW_FAR
+from ..errors import InvalidRequestError
+
+
+def far_chunk_partition(latent_frames: int, configured, full_chunk_limit: int, temporal_factor: int = 4) -> list[int]:
+    """Latent frames per chunk for a video of ``latent_frames`` latent frames.
+
+    The model's ``configured`` partition when the counts match (what diffusers uses by default); otherwise its first
+    chunk, then chunks of its second chunk's size, and a shorter last chunk for what is left (the released
+    ``(1, 3, ..., 3, 2)`` is this rule for 21 frames). diffusers allocates the compressed tier for
+    ``chunks - full_chunk_limit + 1`` chunks (``pipeline_anyflow_far.py``, ``__call__`` step 6: a negative size
+    fails), so a video needs at least ``full_chunk_limit - 1`` chunks; fewer is refused with the smallest video
+    frame count (``temporal_factor * (latent - 1) + 1``) that works.
+    """
+    configured = [int(c) for c in configured]
+    first = configured[0]
+    size = configured[1] if len(configured) > 1 else first
+    need = max(1, full_chunk_limit - 1)
+    parts: list[int] = []
+    if latent_frames == sum(configured):
+        parts = configured
+    elif latent_frames >= first:
+        rest = latent_frames - first
+        parts = [first] + [size] * (rest // size) + ([rest % size] if rest % size else [])
+    if len(parts) < need:
+        smallest = max(first, first + (need - 2) * size + 1)  # a first chunk, full chunks, then one frame
+        got = f"{len(parts)} chunk{'s' if len(parts) > 1 else ''}" if parts else "less than the first chunk"
+        raise InvalidRequestError(
+            f"AnyFlow-FAR generates chunk by chunk (a first chunk of {first} latent frames, then chunks of {size}) "
+            f"and its KV cache needs at least {need} chunks; num_frames {temporal_factor * (latent_frames - 1) + 1} "
+            f"gives {got}. Try num_frames {temporal_factor * (smallest - 1) + 1} or more.")
+    return parts
 
 
 class ExactFARSelfAttention:
@@ -81,7 +111,7 @@ def exact_far_attention(transformer):
 
 class KinegenAnyFlowFARPipeline(AnyFlowFARPipeline):
     """``AnyFlowFARPipeline`` (same components, same folder) whose calls take any frame count that splits into chunks
-    (``chunk_partition`` from :func:`kinegen.adapters.anyflow.far_chunk_partition` when not given) and run the cached
+    (``chunk_partition`` from :func:`far_chunk_partition` when not given) and run the cached
     attention on exact sequences (:class:`ExactFARSelfAttention`, installed for the call only).
 
     It adds no configuration, so :meth:`save_pretrained` writes a stock ``AnyFlowFARPipeline`` folder that diffusers
@@ -90,7 +120,9 @@ class KinegenAnyFlowFARPipeline(AnyFlowFARPipeline):
 
     def chunk_partition(self, num_frames: int) -> list[int]:
         """Latent frames per chunk for ``num_frames`` video frames; a clear error when they do not split."""
-        return ANYFLOW_FAR.chunk_partition(self, num_frames)
+        latent = (num_frames - 1) // self.vae_scale_factor_temporal + 1
+        cfg = self.transformer.config
+        return far_chunk_partition(latent, cfg.chunk_partition, cfg.full_chunk_limit, self.vae_scale_factor_temporal)
 
     @torch.no_grad()
     def __call__(self, *args, num_frames: int = 81, chunk_partition: list[int] | None = None, **kwargs):

@@ -93,6 +93,10 @@ class StreamingWanDecoder:
         return out.clamp(-1.0, 1.0)
 
 
+GLOBAL_CACHE = "global"
+"""``window_frames=GLOBAL_CACHE`` in a call: keep every committed frame (None there means the configured window)."""
+
+
 def chunk_partition(latent_frames: int, chunk_frames: int, first_chunk_frames: int = 1) -> list[int]:
     """Latent frames per chunk: ``[first_chunk_frames, chunk_frames, chunk_frames, ...]``; a clear error naming the
     nearest valid video frame counts when they do not add up."""
@@ -195,6 +199,8 @@ class WanAutoregressivePipeline(WanPipeline):
         self._max_sequence_length = max_sequence_length
         st = self._settings(chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames,
                             sink_frames=sink_frames, window_frames=window_frames)
+        if st["window_frames"] == GLOBAL_CACHE:
+            st["window_frames"] = None
         cache_config = KVCacheConfig(sink_frames=st["sink_frames"], window_frames=st["window_frames"])
         if st["window_frames"] is not None and st["window_frames"] < st["chunk_frames"]:
             raise ConfigError(f"window_frames ({st['window_frames']}) is smaller than a chunk ({st['chunk_frames']} "
@@ -245,7 +251,7 @@ class WanAutoregressivePipeline(WanPipeline):
     def __call__(self, prompt: str | list[tuple[int, str]], negative_prompt: str | None = None, height: int = 480,
                  width: int = 832, num_frames: int = 81, num_inference_steps: int = 4, guidance_scale: float = 1.0,
                  chunk_frames: int | None = None, first_chunk_frames: int | None = None,
-                 sink_frames: int | None = None, window_frames: int | None = None,
+                 sink_frames: int | None = None, window_frames: int | str | None = None,
                  generator: torch.Generator | None = None,
                  output_type: str = "np", max_sequence_length: int = 226,
                  callback_on_chunk_end: Callable[[int, int, torch.Tensor], None] | None = None,
@@ -258,7 +264,8 @@ class WanAutoregressivePipeline(WanPipeline):
             chunk_frames / first_chunk_frames: latent frames per chunk (see the module docstring); None = the
                 pipeline's configuration.
             sink_frames / window_frames: the KV cache's frame sink and rolling window, in latent frames (None = the
-                configuration; a configured ``window_frames=None`` keeps every frame: memory grows with the video).
+                configuration; ``window_frames="global"``, or a configured None, keeps every frame: memory grows
+                with the video).
             callback_on_chunk_end: ``fn(chunk_index, num_chunks, chunk_latents)`` after each commit.
             callback_on_step_end: ``fn(pipe, step, t, {"latents": ...})`` after each denoising step of each chunk
                 (diffusers' convention, ``step`` counted within the chunk; what Kinegen's step progress and the
