@@ -98,6 +98,7 @@ def main(argv=None) -> int:
     ap.add_argument("--split", default="train", choices=["train", "held_out"])
     ap.add_argument("--steps", type=int, default=None, help="denoising steps (per chunk; default: the model's)")
     ap.add_argument("--output", required=True)
+    ap.add_argument("--videos", default=None, help="also save each video here (uint8 .npz), to read it again")
     args = ap.parse_args(argv)
 
     import kinegen
@@ -115,6 +116,10 @@ def main(argv=None) -> int:
             frames, boundaries = _generate_extend(pipe, prompt, i, args.frames, args.steps, args.history,
                                                   args.overlap_frames)
         seconds = time.perf_counter() - t0
+        if args.videos:
+            Path(args.videos).mkdir(parents=True, exist_ok=True)
+            np.savez_compressed(Path(args.videos) / f"{args.split}_{i}.npz",
+                                frames=(np.clip(frames, 0, 1) * 255).round().astype(np.uint8))
         windows = window_scores(frames, truth, classifier)
         records.append({"prompt": prompt, "truth": truth, "seed": i, "seconds": seconds,
                         "seam_ratio": seam_ratio(frames, boundaries), "windows": windows})

@@ -32,7 +32,9 @@ def test_a_frozen_or_vanished_shape_is_not_motion():
     frozen = np.repeat(frames[:1], 17, axis=0)
     assert motion_right(frozen, spec.primary.colour, "right", exact=True) == (False, "still")
     gone = frames.copy()
-    gone[8] = gone[0, :1, :1]  # one frame of background only
+    gone[8] = gone[0, :1, :1]  # one frame of background only: a flicker, filled in
+    assert read_direction(track(gone, spec.primary.colour)) == "right"
+    gone[7:10] = gone[0, :1, :1]  # three frames: the shape is lost
     assert read_family(track(gone, spec.primary.colour)) == "lost"
     assert motion_right(frames, spec.primary.colour, "right", exact=True) == (True, "right")
     assert motion_right(frames[::-1], spec.primary.colour, "right", exact=True) == (False, "left")
@@ -42,3 +44,16 @@ def test_a_frozen_or_vanished_shape_is_not_motion():
 def test_unknown_colour_says_which_exist():
     with pytest.raises(ValueError, match="choose one of red"):
         track(np.zeros((2, 8, 8, 3), np.uint8), "teal")
+
+
+def test_jitter_of_a_generated_shape_is_not_motion():
+    """Shifted by up to 2 pixels frame to frame (as a generated shape wobbles), with a speck of its colour
+    elsewhere, a still shape stays still and a mover keeps its family."""
+    spec = next(s for s in _specs(20, "train") if s.primary.motion == "down")
+    frames = render_long_clip(spec, 17)  # 128 x 128
+    rng = np.random.default_rng(0)
+    wobble = lambda clip: np.stack([np.roll(f, tuple(rng.integers(-2, 3, 2)), axis=(0, 1)) for f in clip])  # noqa: E731
+    still = wobble(np.repeat(frames[:1], 17, axis=0))
+    still[:, 2:4, 2:4] = frames[0][tuple(np.argwhere(frames[0].sum(-1) != frames[0, 0, 0].sum())[0])]  # a speck
+    assert read_family(track(still, spec.primary.colour)) == "still"
+    assert read_direction(track(wobble(frames), spec.primary.colour)) == "down"

@@ -9,11 +9,13 @@ does not care where in the frame the shape is:
 
 1. the shape is the set of pixels near its colour (the colour the classifier reads, so that a wrong colour is
    counted once, under colour, not again under motion);
-2. per frame its centroid ``(x, y)`` and its equivalent radius ``sqrt(area / pi)``;
-3. over the window, the path lengths along x, along y and of the radius, and the turns of the vertical path,
-   decide the motion family: ``horizontal`` (left/right), ``vertical`` (up/down), ``diagonal``, ``size``
-   (growing/shrinking), ``bouncing`` (vertical hops: at least two turns), ``still`` (no movement) or ``lost``
-   (the shape is missing from some frame).
+2. per frame the centroid ``(x, y)`` of the largest blob of that colour and its equivalent radius
+   ``sqrt(area / pi)``;
+3. over the window, the path lengths along x, along y and of the radius, counting only swings longer than 5% of
+   the frame (generated shapes jitter), and the turns of the vertical path, decide the motion family:
+   ``horizontal`` (left/right), ``vertical`` (up/down), ``diagonal``, ``size`` (growing/shrinking), ``bouncing``
+   (vertical hops: at least two turns), ``still`` (no movement) or ``lost`` (the shape is missing from more than
+   two frames in a row).
 
 A family survives a bounce off an edge (a shape moving right that bounces moves left: still horizontal), which is
 why long-video windows are compared by family; :func:`read_direction` also gives the direction, for the first
@@ -34,8 +36,9 @@ FAMILY = {"left": "horizontal", "right": "horizontal", "up": "vertical", "down":
           "shrinking": "size", "diagonal": "diagonal", "bouncing": "bouncing"}
 
 COLOUR_RADIUS = 90.0  # RGB distance within which a pixel counts as the shape's colour
-STILL_PIXELS = 0.03  # less path than this (share of the frame side) over a window: the shape does not move
-MIN_AREA = 4  # pixels: fewer in any frame and the shape is lost
+SWING = 0.05  # movements shorter than this share of the frame side are jitter; none longer: the shape stands still
+MIN_AREA = 4  # pixels: a smaller blob is no shape
+MAX_GAP = 2  # frames without the shape that are filled in rather than counted as lost
 
 
 @dataclass(frozen=True)
@@ -53,49 +56,85 @@ class Track:
 
 
 def track(frames: np.ndarray, colour: str) -> Track:
-    """Track the pixels of ``colour`` (a name of :data:`kinegen.data.shapes.COLOURS`) through ``frames``
-    (uint8 or float in [0, 1], ``[F, H, W, 3]``); frames without the colour get NaN."""
+    """Track the shape of ``colour`` (a name of :data:`kinegen.data.shapes.COLOURS`) through ``frames`` (uint8 or
+    float in [0, 1], ``[F, H, W, 3]``): per frame, the largest connected blob of pixels near the colour (specks of
+    the colour elsewhere are ignored). A frame without it gets NaN; gaps of up to :data:`MAX_GAP` frames are
+    filled from the frames around them (a one-frame flicker is not a lost shape)."""
+    import cv2
+
     if colour not in COLOURS:
         raise ValueError(f"unknown colour {colour!r}; choose one of {', '.join(COLOURS)}")
     x = np.asarray(frames)
     if x.dtype != np.uint8:
         x = np.clip(np.asarray(x, np.float32) * 255.0, 0, 255)
-    x = x.astype(np.float32)
-    dist = np.linalg.norm(x - np.asarray(COLOURS[colour], np.float32), axis=-1)  # [F, H, W]
-    mask = dist < COLOUR_RADIUS
-    area = mask.sum(axis=(1, 2)).astype(np.float64)
-    f, h, w = mask.shape
-    yy, xx = np.mgrid[0:h, 0:w]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        cx = (mask * xx).sum(axis=(1, 2)) / area
-        cy = (mask * yy).sum(axis=(1, 2)) / area
-    missing = area < MIN_AREA
-    cx[missing] = cy[missing] = np.nan
-    return Track(cx, cy, np.sqrt(area / math.pi), min(h, w))
+    dist = np.linalg.norm(x.astype(np.float32) - np.asarray(COLOURS[colour], np.float32), axis=-1)  # [F, H, W]
+    masks = (dist < COLOUR_RADIUS).astype(np.uint8)
+    n, h, w = masks.shape
+    cx, cy, area = np.full(n, np.nan), np.full(n, np.nan), np.zeros(n)
+    for f in range(n):
+        count, _, stats, centroids = cv2.connectedComponentsWithStats(masks[f], connectivity=8)
+        if count < 2:
+            continue
+        best = 1 + int(np.argmax(stats[1:, cv2.CC_STAT_AREA]))
+        if stats[best, cv2.CC_STAT_AREA] >= MIN_AREA:
+            cx[f], cy[f] = centroids[best]
+            area[f] = stats[best, cv2.CC_STAT_AREA]
+    r = np.where(area > 0, np.sqrt(area / math.pi), np.nan)
+    return Track(*(_fill_gaps(v) for v in (cx, cy, r)), side=min(h, w))
 
 
-def _turns(d: np.ndarray, eps: float) -> int:
-    """Sign changes of a path's steps, ignoring steps shorter than ``eps``."""
-    s = np.sign(d[np.abs(d) > eps])
-    return int((s[1:] != s[:-1]).sum())
+def _fill_gaps(v: np.ndarray) -> np.ndarray:
+    """Linear interpolation over runs of at most :data:`MAX_GAP` NaNs inside the track; longer runs stay NaN."""
+    v = v.copy()
+    bad = np.isnan(v)
+    if not bad.any() or bad.all():
+        return v
+    idx = np.arange(len(v))
+    filled = np.interp(idx, idx[~bad], v[~bad])
+    run_start = None
+    for i in range(len(v) + 1):
+        if i < len(v) and bad[i]:
+            run_start = i if run_start is None else run_start
+        elif run_start is not None:
+            if i - run_start <= MAX_GAP and run_start > 0 and i < len(v):
+                v[run_start:i] = filled[run_start:i]
+            run_start = None
+    return v
+
+
+def _zigzag(v: np.ndarray, delta: float) -> tuple[float, int]:
+    """Path length and number of turns of a 1-D track, counting only swings of at least ``delta`` (a zigzag
+    filter): a generated shape's jitter of a pixel or two adds nothing, a real movement counts in full."""
+    pivots, trend, extreme = [float(v[0])], 0, float(v[0])
+    for x in map(float, v[1:]):
+        if trend == 0:
+            if abs(x - pivots[-1]) >= delta:
+                trend, extreme = (1 if x > pivots[-1] else -1), x
+        elif (x - extreme) * trend > 0:
+            extreme = x
+        elif (extreme - x) * trend >= delta:
+            pivots.append(extreme)
+            trend, extreme = -trend, x
+    if trend:
+        pivots.append(extreme)
+    return float(np.abs(np.diff(pivots)).sum()), max(0, len(pivots) - 2)
 
 
 def read_family(t: Track) -> str:
     """The motion family of a tracked window: horizontal, vertical, diagonal, size, bouncing, still or lost."""
     if t.lost:
         return "lost"
-    dx, dy, dr = np.diff(t.x), np.diff(t.y), np.diff(t.r)
-    px, py, pr = np.abs(dx).sum(), np.abs(dy).sum(), np.abs(dr).sum()
-    longest = max(px, py, pr)
-    if longest < STILL_PIXELS * t.side:
+    delta = SWING * t.side
+    (px, _), (py, turns_y), (pr, _) = (_zigzag(v, delta) for v in (t.x, t.y, t.r))
+    if max(px, py, pr) == 0:
         return "still"
-    if pr == longest and pr > 1.5 * max(px, py):
+    if pr > 1.5 * max(px, py):
         return "size"
     if min(px, py) > 0.4 * max(px, py):
         return "diagonal"
     if px > py:
         return "horizontal"
-    return "bouncing" if _turns(dy, 0.005 * t.side) >= 2 else "vertical"
+    return "bouncing" if turns_y >= 2 else "vertical"
 
 
 def read_direction(t: Track) -> str:
