@@ -85,6 +85,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import kinegen
+    from kinegen.media import atomic_write_text
+
     pipe = kinegen.load_pipeline(args.model)
     pipe.set_progress_bar_config(disable=True)
     spec = pipe.kinegen_spec  # the model's defaults
@@ -106,11 +108,8 @@ def main(argv=None) -> int:
                "date": time.strftime("%Y-%m-%d %H:%M"), "model": args.model, "prompt": args.prompt, "steps": steps,
                "size": spec.height, "frames": frames, "chunk_frames": cf, "window_frames": pipe.config.window_frames,
                "sink_frames": pipe.config.sink_frames, "runs": runs}
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(summary, indent=1))
-    tmp.replace(out)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.output, json.dumps(summary, indent=1))
     return 0
 
 

@@ -48,9 +48,7 @@ def cost_table(path: Path) -> str:
             "|---|---|---|---|---|---|"]
     for name, run in d["runs"].items():
         c = run["chunks"]
-
-        def at(k, key):
-            return statistics.median(x[key] for x in c[max(0, k - 2):k + 3])
+        at = lambda k, key, c=c: statistics.median(x[key] for x in c[max(0, k - 2):k + 3])  # noqa: E731
 
         k2 = min(60, len(c) - 3)
         label = (f"rolling (sink {d['sink_frames']}, window {d['window_frames']} latent frames)" if name == "rolling"

@@ -62,12 +62,8 @@ def _generate_ar(pipe, prompt, seed, frames, steps):
     import kinegen
 
     result = kinegen.generate(pipe, prompt, seed=seed, frames=frames, steps=steps)
-    # chunk boundaries in video frames: the first chunk's latent frame is one video frame, later ones four each
-    starts, f = [], pipe.config.first_chunk_frames
-    while f < pipe.latent_frames(frames):
-        starts.append(4 * (f - 1) + 1)
-        f += pipe.config.chunk_frames
-    return result.frames, starts
+    starts = np.cumsum([c["frames"] for c in result.chunks])[:-1]  # the first video frame of every later chunk
+    return result.frames, [int(b) for b in starts]
 
 
 def _generate_extend(pipe, prompt, seed, frames, steps, history, overlap):
@@ -103,6 +99,7 @@ def main(argv=None) -> int:
 
     import kinegen
     from kinegen.evaluation.adherence import adherence_prompts, load_classifier
+    from kinegen.media import atomic_write_text
 
     pipe = kinegen.load_pipeline(args.model)
     pipe.set_progress_bar_config(disable=True)
@@ -149,11 +146,8 @@ def main(argv=None) -> int:
         "seconds_per_video": float(np.mean([r["seconds"] for r in records])),
         "videos": records,
     }
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(summary, indent=1))
-    tmp.replace(out)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.output, json.dumps(summary, indent=1))
     print(json.dumps({k: v for k, v in summary.items() if k != "videos"}, indent=1))
     return 0
 

@@ -31,6 +31,7 @@ def main(argv=None) -> int:
     from kinegen.data.shapes import render_long_clip, sample_clip
     from kinegen.evaluation.adherence import classify, load_classifier
     from kinegen.evaluation.motion import FAMILY, motion_right
+    from kinegen.media import atomic_write_text
 
     clf = load_classifier()
     out = {"command": "python benchmarks/long_video_readers.py " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -51,11 +52,8 @@ def main(argv=None) -> int:
                 hits["tracker_motion"].append(motion_right(clip, o.colour, o.motion, exact=start == 0)[0])
         out[split] = {k: float(np.mean(v)) for k, v in hits.items()} | {"windows": len(hits["tracker_motion"])}
         print(split, out[split], flush=True)
-    path = Path(args.output)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out, indent=1))
-    tmp.replace(path)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.output, json.dumps(out, indent=1))
     return 0
 
 
