@@ -64,6 +64,21 @@ class StreamedChunk:
     decode_s: float
 
 
+def denormalize_latents(vae, latents: torch.Tensor) -> torch.Tensor:
+    """Normalised latents ``[B, C, f, h, w]`` (as Wan's transformer makes them) -> the VAE's own latent scale, on its
+    device and dtype (what ``WanPipeline`` does before ``vae.decode``)."""
+    z = latents.to(vae.device, vae.dtype)
+    mean = torch.tensor(vae.config.latents_mean).view(1, vae.config.z_dim, 1, 1, 1).to(z)
+    std = torch.tensor(vae.config.latents_std).view(1, vae.config.z_dim, 1, 1, 1).to(z)
+    return z * std + mean
+
+
+def decode_video(pipe, latents: torch.Tensor, output_type: str = "np") -> Any:
+    """A whole normalised latent video through diffusers' own ``vae.decode`` and the pipeline's video processor."""
+    video = pipe.vae.decode(denormalize_latents(pipe.vae, latents), return_dict=False)[0]
+    return pipe.video_processor.postprocess_video(video, output_type=output_type)
+
+
 class StreamingWanDecoder:
     """Wan's causal VAE decoder run chunk by chunk with its own feature cache, so decoding chunk after chunk gives
     exactly the frames one decode of the whole latent video gives (``AutoencoderKLWan._decode`` does the same loop
@@ -79,10 +94,7 @@ class StreamingWanDecoder:
         from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
 
         vae = self.vae
-        z = latents.to(vae.device, vae.dtype)
-        mean = torch.tensor(vae.config.latents_mean).view(1, vae.config.z_dim, 1, 1, 1).to(z)
-        std = torch.tensor(vae.config.latents_std).view(1, vae.config.z_dim, 1, 1, 1).to(z)
-        x = vae.post_quant_conv(z * std + mean)
+        x = vae.post_quant_conv(denormalize_latents(vae, latents))
         outs = []
         for i in range(x.shape[2]):
             outs.append(vae.decoder(x[:, :, i:i + 1], feat_cache=self.cache, feat_idx=[0], first_chunk=self.first))
@@ -318,9 +330,4 @@ class WanAutoregressivePipeline(WanPipeline):
     def _decode(self, latents: torch.Tensor, output_type: str) -> Any:
         """The whole latent video at once, through diffusers' own ``vae.decode`` (what :meth:`stream` gives chunk
         by chunk, up to the order of float operations)."""
-        vae = self.vae
-        z = latents.to(vae.device, vae.dtype)
-        mean = torch.tensor(vae.config.latents_mean).view(1, vae.config.z_dim, 1, 1, 1).to(z)
-        std = torch.tensor(vae.config.latents_std).view(1, vae.config.z_dim, 1, 1, 1).to(z)
-        video = vae.decode(z * std + mean, return_dict=False)[0]
-        return self.video_processor.postprocess_video(video, output_type=output_type)
+        return decode_video(self, latents, output_type)

@@ -26,6 +26,7 @@ import time
 import torch
 
 from ..errors import InvalidRequestError
+from .wan_ar import decode_video
 
 HISTORY_MODES = ("clean", "noised")
 
@@ -119,10 +120,4 @@ def extend_window_by_window(pipe, prompt: str, *, num_frames: int, height: int, 
         new = x[:, :, prefix:]
         video = new if video is None else torch.cat([video, new], dim=2)
         stats.append(WindowStats(k, list(range(start, start + length)), prefix, time.perf_counter() - t0))
-    vae = pipe.vae
-    z = video.to(vae.device, vae.dtype)
-    mean = torch.tensor(vae.config.latents_mean).view(1, vae.config.z_dim, 1, 1, 1).to(z)
-    std = torch.tensor(vae.config.latents_std).view(1, vae.config.z_dim, 1, 1, 1).to(z)
-    frames = vae.decode(z * std + mean, return_dict=False)[0]
-    frames = pipe.video_processor.postprocess_video(frames, output_type="np")[0]
-    return frames, stats
+    return decode_video(pipe, video, "np")[0], stats
