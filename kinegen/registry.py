@@ -134,6 +134,9 @@ for _spec in [
     register_model(_spec)
 
 DEFAULT_MODEL = "kinegen-shapes-t2v"
+# What `kinegen app` offers: the default model first, then its chunk-by-chunk version (the app's autoregressive
+# mode). The app loads a model when it is first picked, so offering one costs nothing until then.
+DEFAULT_APP_MODELS = (DEFAULT_MODEL, "kinegen-shapes-ar")
 """Used when no ``--model`` is given: the bundled text-to-video model (docs/bundled_model.md)."""
 
 

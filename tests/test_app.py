@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import socket
+import time
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +76,20 @@ def test_service_bounds_accelerators_history_and_served_paths(tmp_path):
     assert entry["request"]["seed"] == 3 and json.dumps(entry)
 
 
+def test_a_new_server_removes_previews_a_killed_one_left_behind(tmp_path):
+    """Preview folders untouched for an hour belong to no run and go when a server starts; fresh ones stay (another
+    server on the same folder may be writing them), and so do the outputs."""
+    out = tmp_path / "out"
+    stale, fresh = out / ".partial-old", out / ".partial-new"
+    for folder in (stale, fresh):
+        folder.mkdir(parents=True)
+        (folder / "preview-0001.mp4").write_bytes(b"x")
+    (out / "run.mp4").write_bytes(b"x")
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    Service(AppConfig(models=["tiny-wan-ar"], gan_models=[], output_dir=out))
+    assert sorted(p.name for p in out.iterdir()) == [".partial-new", "run.mp4"]
+
+
 def test_service_runs_an_autoregressive_model_chunk_by_chunk(tmp_path):
     """tiny-wan-ar through the service (no browser): valid frame counts for the Frames field, a count that does not
     split refused with the valid ones, the video growing chunk by chunk into previews that leave nothing behind, the
@@ -134,6 +149,13 @@ def test_service_runs_an_autoregressive_model_chunk_by_chunk(tmp_path):
         svc.generate("tiny-wan-ar", GenerationRequest(prompt="a red circle", frames=17, seed=1), cancel=cancel,
                      chunk_callback=lambda done, total, frames: done and cancel.set())
     assert len(svc.history_rows()) == 1 and len(list((tmp_path / "out").iterdir())) == 2
+
+    # Its History row loads the run's settings with the Frames field of a chunk-by-chunk model.
+    from kinegen.apps.tabs.generate import GenerateTab
+
+    tab = GenerateTab(settings=[], outputs=[], caches=[], attentions=[], svc=svc)
+    frames = tab.load(svc.history_entry(Path(out["output"]).name))[5]
+    assert (frames["value"], frames["label"], frames["step"]) == (17, "Frames (8k+1)", 8)
 
 
 @pytest.fixture(scope="module")

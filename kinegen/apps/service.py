@@ -29,6 +29,7 @@ from typing import Any
 
 from ..errors import ConfigError, InvalidRequestError, PromptWarning, RunCancelled
 from ..plotting import save_block_pattern, save_heatmap
+from ..registry import DEFAULT_APP_MODELS
 from ..text import slug
 
 log = logging.getLogger("kinegen.app")
@@ -51,7 +52,7 @@ class AppConfig:
         auth: ``[(user, password), ...]`` to require a login (None = open).
     """
 
-    models: list[str] = dataclasses.field(default_factory=lambda: ["kinegen-shapes-t2v"])
+    models: list[str] = dataclasses.field(default_factory=lambda: list(DEFAULT_APP_MODELS))
     gan_models: list[str] = dataclasses.field(default_factory=lambda: ["kinegen-shapes-gan"])
     output_dir: Path = Path("kinegen-app-outputs")
     concurrency: int = 1
@@ -172,6 +173,17 @@ class Service:
         self._history_lock = threading.Lock()
         self.history: collections.deque = collections.deque(maxlen=config.history_size)
         self._read_history()
+        self._remove_stale_previews()
+
+    def _remove_stale_previews(self, older_than_s: float = 3600.0) -> None:
+        """Remove preview folders a killed server left behind (a live run writes to its folder every chunk, so
+        one untouched for an hour belongs to no run, even where two servers share the output folder)."""
+        now = time.time()
+        for folder in self.output_dir.glob(".partial-*"):
+            with contextlib.suppress(OSError):
+                if folder.is_dir() and now - folder.stat().st_mtime > older_than_s:
+                    shutil.rmtree(folder, ignore_errors=True)
+                    log.info("removed a stale preview folder %s", folder)
 
     # ------------------------------------------------------------------ models
 

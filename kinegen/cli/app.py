@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def add_parser(subparsers) -> None:
-    from ..registry import DEFAULT_MODEL
+    from ..registry import DEFAULT_APP_MODELS
 
     app = subparsers.add_parser(
         "app", help="start the web UI (Generate, GAN, Profile, History) and its API",
@@ -21,7 +21,7 @@ def add_parser(subparsers) -> None:
     app.add_argument("--host", default="127.0.0.1",
                      help="interface to listen on; 0.0.0.0 for every interface (default: %(default)s)")
     app.add_argument("--port", type=int, default=7860, help="port (default: %(default)s)")
-    app.add_argument("--models", nargs="+", metavar="M", default=[DEFAULT_MODEL],
+    app.add_argument("--models", nargs="+", metavar="M", default=list(DEFAULT_APP_MODELS),
                      help="text-to-video/image models to offer: registry names or local diffusers folders "
                           "(default: %(default)s)")
     app.add_argument("--gan-models", nargs="*", metavar="M", default=["kinegen-shapes-gan"],

@@ -161,6 +161,25 @@ class WanAutoregressivePipeline(WanPipeline):
         self.register_to_config(chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames,
                                 sink_frames=sink_frames, window_frames=window_frames)
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, allow_bidirectional: bool = False, **kwargs):
+        """Load a saved ``WanAutoregressivePipeline`` folder. A folder saved as another pipeline (a bidirectional
+        ``WanPipeline`` such as kinegen-shapes-t2v) is refused unless ``allow_bidirectional=True``: its model never
+        saw a block-causal mask, so chunk-by-chunk output loses the prompt within a few chunks."""
+        import json
+        from pathlib import Path
+
+        index = Path(pretrained_model_name_or_path) / "model_index.json"
+        if index.is_file() and not allow_bidirectional:
+            saved_as = json.loads(index.read_text()).get("_class_name")
+            if saved_as != cls.__name__:
+                raise ConfigError(
+                    f"{pretrained_model_name_or_path} holds a {saved_as} checkpoint, not a causal one: chunk-by-chunk "
+                    "generation needs a model trained with a block-causal mask. Use kinegen-shapes-ar, make one with "
+                    f"`kinegen train ar --init {pretrained_model_name_or_path}`, or pass allow_bidirectional=True "
+                    "to run this one anyway.")
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+
     def _settings(self, **given) -> dict[str, Any]:
         """A call's chunk and cache settings: each given one, else the pipeline's configuration."""
         return {k: self.config[k] if v is None else v for k, v in given.items()}

@@ -25,6 +25,7 @@ class GenerateTab:
     outputs: list  # the output video, the output image and the run's information (what :meth:`show` fills)
     caches: list[str]
     attentions: list[str]
+    svc: Any = None  # the service: a row's model decides the Frames field's label and step
 
     @staticmethod
     def show(entry: dict[str, Any]) -> list:
@@ -49,8 +50,11 @@ class GenerateTab:
         specs = entry.get("accelerators") or []
         cache_spec = next((s for s in specs if s.split(":")[0] in self.caches), NONE)
         attn_spec = next((s for s in specs if s.split(":")[0] in self.attentions), NONE)
+        frames = r.get("frames")
+        if self.svc is not None:  # the row's model may be another kind than the selected one (4k+1 or 8k+1)
+            frames = frames_update(self.svc, entry["model"], frames)
         return [gr.update(value=entry["model"]), r["prompt"], r.get("negative_prompt") or "",
-                r.get("height"), r.get("width"), r.get("frames"), r.get("steps"), r.get("guidance"),
+                r.get("height"), r.get("width"), frames, r.get("steps"), r.get("guidance"),
                 r.get("seed", 0), cache_spec.split(":")[0], cache_spec.split(":", 1)[1] if ":" in cache_spec else "",
                 attn_spec.split(":")[0], attn_spec.split(":", 1)[1] if ":" in attn_spec else ""]
 
@@ -128,8 +132,7 @@ def build(ctx: TabContext) -> GenerateTab:
 
     def on_model(name):
         dd = svc.model_defaults(name)
-        return (gr.update(value=dd.get("height")), gr.update(value=dd.get("width")),
-                gr.update(value=dd.get("frames"), visible=dd.get("kind") == "video", **frames_field(svc, name, dd)),
+        return (gr.update(value=dd.get("height")), gr.update(value=dd.get("width")), frames_update(svc, name),
                 gr.update(value=dd.get("steps")), gr.update(value=dd.get("guidance")))
 
     # .input, not .change: loading a history row sets the model too, and must keep the row's settings.
@@ -270,7 +273,21 @@ def build(ctx: TabContext) -> GenerateTab:
 
     return GenerateTab(settings=[model, prompt, negative, height, width, frames, steps, guidance, seed, cache,
                                  cache_opts, attention, attention_opts], outputs=[video, image_out, info],
-                       caches=list(ctx.caches), attentions=list(ctx.attentions))
+                       caches=list(ctx.caches), attentions=list(ctx.attentions), svc=svc)
+
+
+def frames_update(svc, model: str, value: int | None = None):
+    """The Frames field for ``model``: ``value`` (default: the model's frame count), its label and step, shown
+    for video models only. A model the server cannot resolve keeps the field as it is, with the value."""
+    import gradio as gr
+
+    try:
+        dd = svc.model_defaults(model)
+    except Exception:  # a History row of a model this server no longer offers: the Generate button says why
+        log.debug("defaults of %s", model, exc_info=True)
+        return gr.update(value=value)
+    return gr.update(value=dd.get("frames") if value is None else value, visible=dd.get("kind") == "video",
+                     **frames_field(svc, model, dd))
 
 
 def frames_field(svc, model: str, defaults: dict[str, Any]) -> dict[str, Any]:
