@@ -60,6 +60,42 @@ def test_cached_chunks_equal_one_block_causal_forward(wan):
 
 
 @torch.no_grad()
+def test_training_in_the_cache_layout_is_what_the_rolling_cache_computes(wan):
+    """Diffusion forcing in the cache's layout (a sink at position 0, then frames from later in the video at their
+    own positions) gives the rows the cached path gives when a rolling window has dropped the frames in between;
+    `cache_layout` builds that layout from a window and its clip's first latent frame."""
+    from kinegen.training.ar import cache_layout
+
+    tr = wan.transformer
+    x, text, t = _inputs(tr, frames=5)
+    state = make_causal(tr)
+    try:
+        # one batch: a window from frame 0 (positions 0..4) and one at [sink, 7, 8, 9, 10]
+        state.chunk_ids = torch.tensor([0, 1, 1, 2, 2])
+        state.frame_positions = torch.tensor([[0, 1, 2, 3, 4], [0, 7, 8, 9, 10]])
+        masked = tr(torch.cat([x, x]), t, torch.cat([text, text]), return_dict=False)[0]
+        state.chunk_ids = state.frame_positions = None
+        rows = []
+        for start, pos, n in ((0, 0, 1), (1, 7, 2), (3, 9, 2)):
+            state.frame_offset, state.commit = pos, True
+            rows.append(tr(x[:, :, start:start + n], t, text, return_dict=False)[0])
+        torch.testing.assert_close(torch.cat(rows, dim=2), masked[1:], rtol=0, atol=1e-6)
+        assert state.cached_frames == [0, 7, 8, 9, 10]
+        assert not torch.allclose(masked[0], masked[1], atol=1e-3)  # the positions matter
+        state.chunk_ids = torch.tensor([0, 1, 1, 2, 2])
+        state.frame_positions = torch.tensor([[0, 1, 2, 3]])
+        with pytest.raises(ConfigError, match="frame_positions has shape"):
+            tr(x, t, text, return_dict=False)
+    finally:
+        state.remove()
+    lat = torch.arange(2 * 1 * 3 * 1 * 1, dtype=torch.float32).view(2, 1, 3, 1, 1)
+    sinks = torch.full((2, 1, 1, 1, 1), -1.0)
+    out, positions = cache_layout(lat, sinks, torch.tensor([0, 24]))
+    assert positions.tolist() == [[0, 1, 2], [0, 7, 8]]
+    assert out[0].flatten().tolist() == [0, 1, 2] and out[1].flatten().tolist() == [-1, 4, 5]
+
+
+@torch.no_grad()
 def test_rolling_window_keeps_sinks_and_recent_frames_and_flat_memory(ar):
     kw = dict(height=32, width=32, num_frames=33, chunk_frames=2, num_inference_steps=1,
               generator=torch.Generator().manual_seed(0))
@@ -134,6 +170,16 @@ def test_bad_settings_are_refused_with_the_valid_values(ar):
         ar("a red circle", height=32, width=32, num_frames=16)
     # A refused run leaves the model as it was: its own processors, no cache.
     assert all(type(b.attn1.processor).__name__ == "WanAttnProcessor" for b in ar.transformer.blocks)
+
+
+def test_a_bidirectional_checkpoint_is_refused_unless_asked_for(wan, tmp_path):
+    """Loading a WanPipeline folder as a chunk-by-chunk pipeline names what to do; a saved causal one loads."""
+    wan.save_pretrained(tmp_path / "bidirectional")
+    with pytest.raises(ConfigError, match="not a causal one.*kinegen train ar --init"):
+        WanAutoregressivePipeline.from_pretrained(tmp_path / "bidirectional")
+    pipe = WanAutoregressivePipeline.from_pretrained(tmp_path / "bidirectional", allow_bidirectional=True)
+    pipe.save_pretrained(tmp_path / "causal")
+    assert type(WanAutoregressivePipeline.from_pretrained(tmp_path / "causal")).__name__ == "WanAutoregressivePipeline"
 
 
 @torch.no_grad()

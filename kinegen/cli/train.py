@@ -73,7 +73,8 @@ def run(args) -> int:
 # Settings whose range is not the default (an integer >= 1, a number >= 0): inclusive bounds, None = open.
 _RANGES = {"seed": (0, None), "crop": (8, 64), "size": (8, None), "resolution": (8, None), "cfg_dropout": (0, 1),
            "ema": (0, 1), "out_gain_init": (None, None), "offset_prob": (0, 1), "clean_prob": (0, 1),
-           "sink_frames": (0, None), "max_start": (0, None)}
+           "sink_frames": (0, None), "max_start": (0, None),
+           "recycle_prob": (0, 1), "recycle_sigma": (0, 1)}
 
 
 def check_settings(args, cfg) -> None:

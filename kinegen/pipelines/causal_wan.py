@@ -95,6 +95,9 @@ class CausalWanState:
         commit: append this forward's keys and values to the cache (a committed chunk's clean pass).
         chunk_ids: for a whole-sequence forward, the chunk of each latent frame; queries then see keys of their
             own and earlier chunks (the block-causal mask) and the cache is neither read nor written.
+        frame_positions: for a whole-sequence forward, ``[batch, frames]`` absolute latent-frame index of each
+            input frame (its RoPE phase) where the frames are not consecutive: training in the cache's layout, a
+            sink frame at 0 followed by a window from later in the video (None = ``frame_offset`` onwards).
     """
 
     transformer: nn.Module
@@ -104,6 +107,7 @@ class CausalWanState:
     frame_offset: int = 0
     commit: bool = False
     chunk_ids: torch.Tensor | None = None
+    frame_positions: torch.Tensor | None = None
     _restore: list = dataclasses.field(default_factory=list)
 
     @property
@@ -146,8 +150,32 @@ def rope_at(rope: nn.Module, num_frames: int, height: int, width: int, frame_off
     return parts[0], parts[1]
 
 
+def rope_at_positions(rope: nn.Module, positions: torch.Tensor, height: int, width: int):
+    """Wan's 3D RoPE (cos, sin) ``[B, tokens, 1, head_dim]`` for latents whose frames sit at the absolute latent-frame
+    indices ``positions`` ``[B, frames]`` (any order or gaps; one temporal patch per latent frame)."""
+    p_t, p_h, p_w = rope.patch_size
+    if p_t != 1:
+        raise ConfigError(f"frame positions need a temporal patch size of 1; this model's is {p_t}.")
+    if int(positions.max()) >= rope.max_seq_len:
+        raise ConfigError(f"latent frame {int(positions.max())} is past the model's RoPE table "
+                          f"({rope.max_seq_len} positions).")
+    b, f = positions.shape
+    pph, ppw = height // p_h, width // p_w
+    sizes = [rope.t_dim, rope.h_dim, rope.w_dim]
+    parts = []
+    for table in (rope.freqs_cos, rope.freqs_sin):
+        t, h, w = table.split(sizes, dim=1)
+        t = t[positions.to(t.device)]  # [B, F, t_dim]
+        grid = torch.cat([t.view(b, f, 1, 1, -1).expand(b, f, pph, ppw, -1),
+                          h[:pph].view(1, 1, pph, 1, -1).expand(b, f, pph, ppw, -1),
+                          w[:ppw].view(1, 1, 1, ppw, -1).expand(b, f, pph, ppw, -1)], dim=-1)
+        parts.append(grid.reshape(b, f * pph * ppw, 1, -1))
+    return parts[0], parts[1]
+
+
 class _OffsetRope(nn.Module):
-    """Stands in for ``transformer.rope``: the same tables, from ``state.frame_offset``."""
+    """Stands in for ``transformer.rope``: the same tables, from ``state.frame_offset`` (or at
+    ``state.frame_positions``)."""
 
     def __init__(self, rope: nn.Module, state: CausalWanState):
         super().__init__()
@@ -157,6 +185,11 @@ class _OffsetRope(nn.Module):
         _, _, f, h, w = hidden_states.shape
         _, p_h, p_w = self.inner.patch_size
         self.state.tokens_per_frame = (h // p_h) * (w // p_w)  # read by the processors of this forward
+        if self.state.frame_positions is not None:
+            if tuple(self.state.frame_positions.shape) != (hidden_states.shape[0], f):
+                raise ConfigError(f"frame_positions has shape {tuple(self.state.frame_positions.shape)}; the input "
+                                  f"has {hidden_states.shape[0]} samples of {f} latent frames.")
+            return rope_at_positions(self.inner, self.state.frame_positions, h, w)
         return rope_at(self.inner, f, h, w, self.state.frame_offset)
 
 

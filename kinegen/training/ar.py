@@ -13,6 +13,21 @@ clean chunk is context only):
 
     x_t = (1 - s_c) x_0 + s_c e   (s_c per chunk),   loss = |v_theta(x_t, 1000 s, text) - (e - x_0)|^2
 
+Two things bring training closer to what the model meets at inference (docs/autoregressive.md, "Training in the
+cache's layout"):
+
+- **The cache's layout.** At inference the rolling cache holds the sink (the video's first latent frame, RoPE
+  position 0) and the most recent frames at their own positions, far from 0 after a few seconds. With
+  ``sink_frames > 0`` a window that starts later in the video is trained that way: its first latent frame (the
+  start frame coded alone) is replaced by the clip's first latent frame at position 0 and the rest keep their
+  positions in the video (:attr:`CausalWanState.frame_positions`), so the gap between the sink and the window is
+  one the model has seen.
+- **Its own errors** (error recycling, Stable Video Infinity's fine-tune, our reading): with ``recycle_prob`` a
+  step first noises the clean history chunks (level up to ``recycle_sigma``) and asks the model for them back,
+  ``x_0_hat = x_t - s v_theta``; that estimate, with the model's blur and colour errors in it, is the history the
+  noisy chunks are trained to continue from, while their targets stay the real video. A cheap stand-in for
+  training on whole rollouts (one extra forward without gradients, not 20 steps per chunk).
+
 The text encoder stays frozen; an EMA of the transformer is exported as a ``WanAutoregressivePipeline`` folder.
 """
 
@@ -79,6 +94,41 @@ def encode_windows(run_dir: Path, cfg: ARTrainConfig, vae) -> tuple[torch.Tensor
     return torch.cat(chunks).float(), windows
 
 
+@torch.no_grad()
+def encode_sinks(run_dir: Path, cfg: ARTrainConfig, vae, windows: list[tuple[int, int]]) -> torch.Tensor:
+    """Normalised latent of each window's clip's first frame ``[N, C, 1, h, w]`` (the sink a rolling cache keeps),
+    encoded once into ``run_dir/latents/sinks.safetensors``."""
+    path = run_dir / "latents" / "sinks.safetensors"
+    if not path.is_file():
+        mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+        std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+        lat = []
+        for j in range(0, len(windows), 32):
+            first = np.stack([render_long_clip(sample_clip(seed, split="train"), 1, cfg.size, cfg.size, start=0)
+                              for seed, _ in windows[j:j + 32]])
+            lat.append(vae.encode(to_tensor(first)).latent_dist.mode())
+        save_file({"latents": ((torch.cat(lat) - mean) / std).half().contiguous()}, str(path))
+        print(f"encoded {len(windows)} sink frames", flush=True)
+    return load_file(str(path))["latents"].float()
+
+
+def cache_layout(x0: torch.Tensor, sinks: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Windows as the rolling cache sees them: ``(latents, positions [B, F])``.
+
+    A window from frame 0 stays as it is, at positions ``0 .. F-1``. A window from video frame ``4u`` has its first
+    latent frame (frame ``4u`` coded alone, which no cache holds) replaced by the clip's first latent frame, the
+    sink, at position 0; its other latent frames code video frames ``4(u + j) - 3 .. 4(u + j)`` and sit at
+    positions ``u + j``.
+    """
+    f = x0.shape[2]
+    u = (starts // 4).view(-1, 1)
+    positions = torch.arange(f).view(1, -1) + u
+    positions[:, 0] = 0
+    later = (starts > 0).view(-1, 1, 1, 1, 1)
+    x0 = torch.cat([torch.where(later, sinks, x0[:, :, :1]), x0[:, :, 1:]], dim=2)
+    return x0, positions
+
+
 def chunk_ids(latent_frames: int, chunk_frames: int) -> torch.Tensor:
     """The chunk of each latent frame, as the pipeline splits them: ``[0, 1, 1, 2, 2, ...]``."""
     sizes = chunk_partition(latent_frames, chunk_frames)
@@ -90,6 +140,23 @@ def forcing_sigmas(batch: int, chunks: int, shift: float, clean_prob: float, gen
     with probability ``clean_prob``."""
     s = _sigmas(batch * chunks, shift, gen).view(batch, chunks)
     return torch.where(torch.rand(batch, chunks, generator=gen) < clean_prob, torch.zeros_like(s), s)
+
+
+def recycled_history(transformer, x0, sig, sig_back, noise, ids, tokens, text) -> torch.Tensor:
+    """``x0`` with each clean chunk (``sig == 0``) replaced by the model's one-step estimate of it from a copy noised
+    to ``sig_back``: ``x_0_hat = x_t - s v_theta(x_t)`` (error recycling). The noisy chunks enter that forward as
+    they will be trained (same levels, same ``noise``), so the estimate sees the same context; they are returned
+    unchanged."""
+    clean = sig == 0
+    if not clean.any():
+        return x0
+    level = torch.where(clean, sig_back, sig)
+    s = level[:, ids].view(x0.shape[0], 1, -1, 1, 1)
+    xt = (1 - s) * x0 + s * noise
+    timestep = (level[:, ids] * 1000).repeat_interleave(tokens, dim=1)
+    v = transformer(xt, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
+    frame_clean = clean[:, ids].view(x0.shape[0], 1, -1, 1, 1)
+    return torch.where(frame_clean, xt - s * v, x0)
 
 
 def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
@@ -111,6 +178,8 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
     vae, tokenizer, text_encoder = base.vae.eval(), base.tokenizer, base.text_encoder.eval().requires_grad_(False)
     latents, windows = encode_windows(run_dir, cfg, vae)
     specs = [sample_clip(seed, split="train") for seed, _ in windows]
+    starts = torch.tensor([start for _, start in windows])
+    sinks = encode_sinks(run_dir, cfg, vae, windows) if cfg.sink_frames > 0 else None
 
     torch.manual_seed(cfg.seed)
     transformer = base.transformer
@@ -136,20 +205,27 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         idx = torch.randint(len(windows), (cfg.batch_size,), generator=gen)
         x0 = latents[idx]
+        if sinks is not None:
+            x0, state.frame_positions = cache_layout(x0, sinks[idx], starts[idx])
         captions = batch_captions(specs, idx, step, cfg.cfg_dropout, gen)
         noise = torch.randn(x0.shape, generator=gen)
         sig = forcing_sigmas(cfg.batch_size, len(per_frame), cfg.flow_shift, cfg.clean_prob, gen)
+        recycle = bool(torch.rand((), generator=gen) < cfg.recycle_prob)
+        sig_back = torch.rand(sig.shape, generator=gen) * cfg.recycle_sigma  # drawn every step: one RNG stream
         s = sig[:, ids].view(cfg.batch_size, 1, -1, 1, 1)  # each latent frame its chunk's level
-        xt = (1 - s) * x0 + s * noise
         tokens = (x0.shape[3] // patch[1]) * (x0.shape[4] // patch[2])
-        timestep = (sig[:, ids] * 1000).repeat_interleave(tokens, dim=1)  # [B, tokens]: per-token timesteps
         for g in opt.param_groups:
             g["lr"] = cosine_lr(step, cfg.steps, cfg.lr, warmup=100)
         with torch.no_grad():
             text, cross.pad_copies = encode_text_compact(tokenizer, text_encoder, captions)
+            if recycle:
+                x0 = recycled_history(transformer, x0, sig, sig_back, noise, ids, tokens, text)
+        xt = (1 - s) * x0 + s * noise  # clean chunks: x0 itself (or the model's estimate of it)
+        timestep = (sig[:, ids] * 1000).repeat_interleave(tokens, dim=1)  # [B, tokens]: per-token timesteps
         pred = transformer(xt, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
         # Clean chunks are context only: at s = 0 the velocity e - x_0 names noise the input does not contain.
         noisy = (s > 0).float().expand_as(x0)
+        # (Where x0 was recycled it differs from the real latents only on clean chunks, which carry no loss.)
         loss = ((pred - (noise - x0)).square() * noisy).sum() / noisy.sum().clamp(min=1)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -61,6 +61,8 @@ class ARTrainConfig:
     offset_prob: float = 0.5  # share of windows starting later in the video than frame 0
     max_start: int = 208  # latest start frame of a window (a multiple of 4)
     clean_prob: float = 0.25  # share of chunks given no noise (clean history, as at inference)
+    recycle_prob: float = 0.5  # share of steps whose clean history is the model's own estimate of it (error recycling)
+    recycle_sigma: float = 0.5  # the highest noise level that estimate is made from
     cfg_dropout: float = 0.1
     flow_shift: float = 3.0
     ema: float = 0.999
