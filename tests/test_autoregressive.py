@@ -96,6 +96,38 @@ def test_training_in_the_cache_layout_is_what_the_rolling_cache_computes(wan):
 
 
 @torch.no_grad()
+def test_teacher_forcing_in_one_forward_is_what_the_sampler_computes(wan):
+    """One forward over [clean window; noisy copy] with the teacher-forcing mask gives, for each noisy chunk, what a
+    denoising forward of that chunk gives against a cache of the clean chunks committed before it."""
+    from kinegen.pipelines.causal_wan import teacher_forcing_mask
+
+    assert teacher_forcing_mask(torch.tensor([0, 1]), 1).int().tolist() == [
+        [1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [1, 0, 0, 1]]
+    tr = wan.transformer
+    clean, text, _ = _inputs(tr, frames=5)
+    noisy = torch.randn_like(clean)
+    t_noisy = torch.tensor([0.0, 300.0, 300.0, 700.0, 700.0])  # per latent frame: chunk 0 at 0 (a sink), 1, 2
+    tokens = 16
+    state = make_causal(tr)
+    try:
+        state.chunk_ids, state.teacher_forcing = torch.tensor([0, 1, 1, 2, 2]), True
+        state.frame_positions = torch.tensor([[0, 5, 6, 7, 8] * 2])
+        timestep = torch.cat([torch.zeros(5), t_noisy]).repeat_interleave(tokens)[None]
+        both = tr(torch.cat([clean, noisy], dim=2), timestep, text, return_dict=False)[0]
+        state.chunk_ids, state.teacher_forcing, state.frame_positions = None, False, None
+        for start, pos, n in ((0, 0, 1), (1, 5, 2), (3, 7, 2)):
+            state.frame_offset, state.commit = pos, False
+            t = t_noisy[start:start + n].repeat_interleave(tokens)[None]
+            denoised = tr(noisy[:, :, start:start + n], t, text, return_dict=False)[0]
+            torch.testing.assert_close(denoised, both[:, :, 5 + start:5 + start + n], rtol=0, atol=1e-5)
+            state.commit = True
+            committed = tr(clean[:, :, start:start + n], torch.zeros(1), text, return_dict=False)[0]
+            torch.testing.assert_close(committed, both[:, :, start:start + n], rtol=0, atol=1e-5)
+    finally:
+        state.remove()
+
+
+@torch.no_grad()
 def test_rolling_window_keeps_sinks_and_recent_frames_and_flat_memory(ar):
     kw = dict(height=32, width=32, num_frames=33, chunk_frames=2, num_inference_steps=1,
               generator=torch.Generator().manual_seed(0))

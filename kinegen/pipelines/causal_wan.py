@@ -52,37 +52,91 @@ class KVCacheConfig:
 
 
 class LayerKVCache:
-    """One self-attention layer's committed keys (after RoPE) and values, ``[B, tokens, heads, head_dim]``, with the
-    latent-frame index of each block of ``tokens_per_frame`` tokens."""
+    """One self-attention layer's committed keys (after RoPE) and values, ``[B, tokens, heads, head_dim]``, and the
+    latent frames it holds (``frames``).
+
+    Whole frames (the plain cache): blocks of ``tokens_per_frame`` tokens, one per frame. A compressing accelerator
+    (DASA, docs/dasa.md) appends a chunk's kept tokens with per-token metadata: ``token_frames`` (each token's own
+    latent frame), ``token_last`` (the last frame it stands for: a kept token also represents the dropped duplicates
+    at its place in later frames of its chunk), ``token_pos`` (its place in the frame, ``h * width + w``). Such a
+    cache keeps ``bias``, log(number of the frames a token stands for that are still cached) per token, the additive
+    attention bias of ToMe's proportional attention (../shared/reference/autoregressive_dasa.md, section 4.1), or
+    None while every token stands for itself; eviction stays by frame.
+    """
 
     def __init__(self):
         self.k: torch.Tensor | None = None
         self.v: torch.Tensor | None = None
         self.frames: list[int] = []
+        self.token_frames: torch.Tensor | None = None
+        self.token_last: torch.Tensor | None = None
+        self.token_pos: torch.Tensor | None = None
+        self.bias: torch.Tensor | None = None
 
-    def append(self, k: torch.Tensor, v: torch.Tensor, frames: list[int]) -> None:
+    def append(self, k: torch.Tensor, v: torch.Tensor, frames: list[int], token_frames: torch.Tensor | None = None,
+               token_last: torch.Tensor | None = None, token_pos: torch.Tensor | None = None) -> None:
+        """Add committed keys and values: whole ``frames``, or (with per-token metadata) any tokens of them."""
+        if token_frames is not None or self.token_frames is not None:
+            if token_frames is None:
+                token_frames, token_last, token_pos = _whole_frames(k.shape[1], frames, k.device)
+            if self.token_frames is None and self.k is not None:  # the whole frames before become tokens too
+                self.token_frames, self.token_last, self.token_pos = _whole_frames(self.k.shape[1], self.frames,
+                                                                                   k.device)
+            cat = (lambda a, b: b if a is None else torch.cat([a, b]))
+            self.token_frames = cat(self.token_frames, token_frames)
+            self.token_last = cat(self.token_last, token_last if token_last is not None else token_frames)
+            self.token_pos = cat(self.token_pos, token_pos)
         self.k = k if self.k is None else torch.cat([self.k, k], dim=1)
         self.v = v if self.v is None else torch.cat([self.v, v], dim=1)
         self.frames += frames
+        self._rebias()
 
     def evict(self, config: KVCacheConfig, tokens_per_frame: int) -> None:
-        """Keep the sink frames and the most recent ``window_frames - sink_frames`` frames."""
+        """Keep the sink frames and the most recent ``window_frames - sink_frames`` frames (with per-token
+        metadata: the tokens that still stand for a kept frame)."""
         if config.window_frames is None or len(self.frames) <= config.window_frames:
             return
         keep = list(range(config.sink_frames)) + list(
             range(len(self.frames) - (config.window_frames - config.sink_frames), len(self.frames)))
-        idx = torch.cat([torch.arange(i * tokens_per_frame, (i + 1) * tokens_per_frame) for i in keep])
+        if self.token_frames is None:
+            idx = torch.cat([torch.arange(i * tokens_per_frame, (i + 1) * tokens_per_frame) for i in keep])
+        else:
+            idx = torch.nonzero(self._represented([self.frames[i] for i in keep]) > 0)[:, 0]
+            self.token_frames, self.token_last, self.token_pos = (
+                t.index_select(0, idx) for t in (self.token_frames, self.token_last, self.token_pos))
         idx = idx.to(self.k.device)
         self.k, self.v = self.k.index_select(1, idx), self.v.index_select(1, idx)
         self.frames = [self.frames[i] for i in keep]
+        self._rebias()
+
+    def _represented(self, frames: list[int]) -> torch.Tensor:
+        """Per token: how many of ``frames`` (sorted) lie in the span of frames it stands for."""
+        held = torch.tensor(frames, dtype=self.token_frames.dtype, device=self.token_frames.device)
+        return (torch.searchsorted(held, self.token_last, right=True)
+                - torch.searchsorted(held, self.token_frames, right=False))
+
+    def _rebias(self) -> None:
+        if self.token_frames is None:
+            return
+        counts = self._represented(self.frames)
+        self.bias = None if bool((counts == 1).all()) else counts.float().log()
 
     def clear(self) -> None:
         self.k = self.v = None
         self.frames = []
+        self.token_frames = self.token_last = self.token_pos = self.bias = None
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the cached keys and values (the per-token metadata is not counted)."""
         return 0 if self.k is None else self.k.numel() * self.k.element_size() * 2
+
+
+def _whole_frames(tokens: int, frames: list[int], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token metadata (own frame, last frame, place) of whole frames of ``tokens // len(frames)`` tokens."""
+    per = tokens // len(frames)
+    own = torch.tensor(frames, device=device).repeat_interleave(per)
+    return own, own.clone(), torch.arange(per, device=device).repeat(len(frames))
 
 
 @dataclasses.dataclass
@@ -95,6 +149,8 @@ class CausalWanState:
         commit: append this forward's keys and values to the cache (a committed chunk's clean pass).
         chunk_ids: for a whole-sequence forward, the chunk of each latent frame; queries then see keys of their
             own and earlier chunks (the block-causal mask) and the cache is neither read nor written.
+        teacher_forcing: with ``chunk_ids``, the input is a clean sequence followed by its noisy copy, masked by
+            :func:`teacher_forcing_mask` (``chunk_ids`` covers one copy).
         frame_positions: for a whole-sequence forward, ``[batch, frames]`` absolute latent-frame index of each
             input frame (its RoPE phase) where the frames are not consecutive: training in the cache's layout, a
             sink frame at 0 followed by a window from later in the video (None = ``frame_offset`` onwards).
@@ -107,6 +163,7 @@ class CausalWanState:
     frame_offset: int = 0
     commit: bool = False
     chunk_ids: torch.Tensor | None = None
+    teacher_forcing: bool = False
     frame_positions: torch.Tensor | None = None
     _restore: list = dataclasses.field(default_factory=list)
 
@@ -209,8 +266,24 @@ def block_causal_mask(chunk_ids: torch.Tensor, tokens_per_frame: int) -> torch.T
     return per_token[None, :] <= per_token[:, None]
 
 
+def teacher_forcing_mask(chunk_ids: torch.Tensor, tokens_per_frame: int) -> torch.Tensor:
+    """Boolean ``[2 tokens, 2 tokens]`` over a clean sequence followed by its noisy copy (teacher forcing): a clean
+    token sees clean tokens of chunks up to its own (what the commit passes compute), a noisy token sees clean
+    tokens of earlier chunks and noisy tokens of its own chunk (what a denoising forward sees: the cache, then
+    itself)."""
+    c = chunk_ids.repeat_interleave(tokens_per_frame)
+    same = c[None, :] == c[:, None]
+    before = c[None, :] < c[:, None]
+    clean_rows = torch.cat([before | same, torch.zeros_like(same)], dim=1)
+    noisy_rows = torch.cat([before, same], dim=1)
+    return torch.cat([clean_rows, noisy_rows], dim=0)
+
+
 class CausalWanSelfAttention:
-    """Self-attention processor of one Wan block (``attn1``): the cache path or the block-causal mask path."""
+    """Self-attention processor of one Wan block (``attn1``): the cache path or the block-causal mask path.
+
+    Its steps are methods (:meth:`project`, :meth:`history`, :meth:`commit`, :meth:`output`) so that an
+    accelerator's processor (DASA's, :mod:`kinegen.dasa.processor`) can change one and keep the others."""
 
     def __init__(self, state: CausalWanState, cache: LayerKVCache):
         self.state, self.cache = state, cache
@@ -218,25 +291,47 @@ class CausalWanSelfAttention:
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
         if encoder_hidden_states is not None:
             raise ConfigError("CausalWanSelfAttention belongs on self-attention (attn1), not cross-attention.")
+        q, k, v = self.project(attn, hidden_states, rotary_emb)
+        s = self.state
+        if s.chunk_ids is not None:  # one forward over the whole sequence, block-causal
+            masking = teacher_forcing_mask if s.teacher_forcing else block_causal_mask
+            mask = masking(s.chunk_ids.to(q.device), s.tokens_per_frame)
+            keys, values = k, v
+        else:
+            keys, values, mask = self.history(k, v)
+            if s.commit:
+                self.commit(k, v)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
+                                             attn_mask=mask)
+        return self.output(attn, out, q)
+
+    def project(self, attn, hidden_states, rotary_emb):
+        """q, k, v ``[B, tokens, heads, head_dim]`` as diffusers computes them (norms, then RoPE on q and k)."""
         q, k, v = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
         q, k = attn.norm_q(q), attn.norm_k(k)
         q, k, v = (t.unflatten(2, (attn.heads, -1)) for t in (q, k, v))
         if rotary_emb is not None:
             q, k = _apply_rope(q, *rotary_emb), _apply_rope(k, *rotary_emb)
+        return q, k, v
+
+    def history(self, k, v):
+        """The cached keys and values followed by this chunk's own, and the float mask adding the cache's per-token
+        bias to the scores (None when there is none)."""
+        c = self.cache
+        if c.k is None:
+            return k, v, None
+        mask = None if c.bias is None else F.pad(c.bias, (0, k.shape[1])).to(k.dtype).view(1, 1, 1, -1)
+        return torch.cat([c.k, k], dim=1), torch.cat([c.v, v], dim=1), mask
+
+    def commit(self, k, v) -> None:
+        """Append this chunk's keys and values (a committed chunk's clean pass) and evict by the cache policy."""
         s = self.state
-        if s.chunk_ids is not None:  # one forward over the whole sequence, block-causal
-            mask = block_causal_mask(s.chunk_ids.to(q.device), s.tokens_per_frame)
-            keys, values = k, v
-        else:
-            mask = None
-            keys = k if self.cache.k is None else torch.cat([self.cache.k, k], dim=1)
-            values = v if self.cache.v is None else torch.cat([self.cache.v, v], dim=1)
-            if s.commit:
-                frames = hidden_states.shape[1] // s.tokens_per_frame
-                self.cache.append(k.detach(), v.detach(), list(range(s.frame_offset, s.frame_offset + frames)))
-                self.cache.evict(s.cache_config, s.tokens_per_frame)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2),
-                                             attn_mask=mask)
+        frames = k.shape[1] // s.tokens_per_frame
+        self.cache.append(k.detach(), v.detach(), list(range(s.frame_offset, s.frame_offset + frames)))
+        self.cache.evict(s.cache_config, s.tokens_per_frame)
+
+    def output(self, attn, out, q):
+        """SDPA's ``[B, heads, tokens, head_dim]`` -> the block's ``[B, tokens, dim]`` through the out projection."""
         out = out.transpose(1, 2).flatten(2, 3).type_as(q)
         return attn.to_out[1](attn.to_out[0](out))
 

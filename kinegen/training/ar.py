@@ -1,29 +1,34 @@
-"""Turn the bundled text-to-video model into a chunk-by-chunk one by diffusion forcing (docs/autoregressive.md).
+"""Turn the bundled text-to-video model into a chunk-by-chunk one (docs/autoregressive.md, "Training").
 
 Data: windows of ``frames`` frames cut from endless procedural videos (:func:`kinegen.data.shapes.render_long_clip`:
 the training clip, then the same speed bouncing off the edges), half of them from frame 0 and the rest from later
-start frames, each with its clip's caption; encoded once with the model's own VAE into ``run_dir/latents/``.
-
-Training (diffusion forcing; CausVid / Self-Forcing's causal initialisation, our reading): the window's latent
-frames are split into chunks as the pipeline splits them (one frame, then ``chunk_frames`` each); every chunk gets
-its own noise level (a shifted logit-normal draw, or none with ``clean_prob``: clean history, as the commit pass
-sees it at inference), each token the timestep of its chunk; the transformer attends block-causally (the masked
-path of :mod:`kinegen.pipelines.causal_wan`) and learns the flow velocity ``e - x_0`` of every noisy chunk (a
-clean chunk is context only):
+start frames, each with its clip's caption; encoded once with the model's own VAE into ``run_dir/latents/``. The
+window's latent frames are split into chunks as the pipeline splits them (one frame, then ``chunk_frames`` each);
+each chunk gets its own noise level ``s_c`` (a shifted logit-normal draw), each token its chunk's timestep, and the
+loss is the flow velocity of the noisy chunks:
 
     x_t = (1 - s_c) x_0 + s_c e   (s_c per chunk),   loss = |v_theta(x_t, 1000 s, text) - (e - x_0)|^2
 
-Two things bring training closer to what the model meets at inference (docs/autoregressive.md, "Training in the
-cache's layout"):
+Two ways to give a chunk its history (CausVid / Self-Forcing's causal initialisation, our reading):
+
+- **Teacher forcing** (``teacher_forcing``, the default; :func:`teacher_forcing_loss`): one forward over the
+  clean window followed by its noisy copy, where a noisy chunk sees the clean chunks before it and itself. That is
+  exactly what the sampler computes (a clean cache committed chunk by chunk, then the chunk being denoised;
+  tested), so every chunk trains in the setting it meets at inference. Twice the tokens per forward.
+- **Diffusion forcing** (:func:`forcing_loss`): one block-causal forward where every chunk, history included, has
+  its own level (``clean_prob`` of them none). Cheaper, but a chunk whose history is all clean, the only case the
+  sampler runs, is rare (0.25^4 for the fifth chunk): the shipped model's first stage was trained this way.
+
+Two more things bring training closer to inference:
 
 - **The cache's layout.** At inference the rolling cache holds the sink (the video's first latent frame, RoPE
   position 0) and the most recent frames at their own positions, far from 0 after a few seconds. With
-  ``sink_frames > 0`` a window that starts later in the video is trained that way: its first latent frame (the
-  start frame coded alone) is replaced by the clip's first latent frame at position 0 and the rest keep their
-  positions in the video (:attr:`CausalWanState.frame_positions`), so the gap between the sink and the window is
-  one the model has seen.
+  ``cache_layout`` and ``sink_frames > 0`` a window that starts later in the video is trained that way: its first
+  latent frame (the start frame coded alone) is replaced by the clip's first latent frame at position 0 and the
+  rest keep their positions in the video (:attr:`CausalWanState.frame_positions`), so the gap between the sink
+  and the window is one the model has seen.
 - **Its own errors** (error recycling, Stable Video Infinity's fine-tune, our reading): with ``recycle_prob`` a
-  step first noises the clean history chunks (level up to ``recycle_sigma``) and asks the model for them back,
+  step first noises the clean history (level up to ``recycle_sigma``) and asks the model for it back,
   ``x_0_hat = x_t - s v_theta``; that estimate, with the model's blur and colour errors in it, is the history the
   noisy chunks are trained to continue from, while their targets stay the real video. A cheap stand-in for
   training on whole rollouts (one extra forward without gradients, not 20 steps per chunk).
@@ -142,6 +147,68 @@ def forcing_sigmas(batch: int, chunks: int, shift: float, clean_prob: float, gen
     return torch.where(torch.rand(batch, chunks, generator=gen) < clean_prob, torch.zeros_like(s), s)
 
 
+def _tokens(transformer, x0: torch.Tensor) -> int:
+    """Tokens per latent frame of ``x0`` after patching."""
+    _, p_h, p_w = transformer.config.patch_size
+    return (x0.shape[3] // p_h) * (x0.shape[4] // p_w)
+
+
+def forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, gen: torch.Generator) -> torch.Tensor:
+    """Diffusion forcing: every chunk its own noise level (some clean), one block-causal forward, the flow loss on
+    the noisy chunks."""
+    b, chunks, tokens = x0.shape[0], int(ids.max()) + 1, _tokens(transformer, x0)
+    noise = torch.randn(x0.shape, generator=gen)
+    sig = forcing_sigmas(b, chunks, cfg.flow_shift, cfg.clean_prob, gen)
+    recycle = bool(torch.rand((), generator=gen) < cfg.recycle_prob)
+    sig_back = torch.rand(sig.shape, generator=gen) * cfg.recycle_sigma  # drawn every step: one RNG stream
+    s = sig[:, ids].view(b, 1, -1, 1, 1)  # each latent frame its chunk's level
+    state.chunk_ids, state.teacher_forcing = ids, False
+    if recycle:
+        with torch.no_grad():
+            x0 = recycled_history(transformer, x0, sig, sig_back, noise, ids, tokens, text)
+    xt = (1 - s) * x0 + s * noise  # clean chunks: x0 itself (or the model's estimate of it)
+    timestep = (sig[:, ids] * 1000).repeat_interleave(tokens, dim=1)  # [B, tokens]: per-token timesteps
+    pred = transformer(xt, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
+    # Clean chunks are context only: at s = 0 the velocity e - x_0 names noise the input does not contain.
+    noisy = (s > 0).float().expand_as(x0)
+    # (Where x0 was recycled it differs from the real latents only on clean chunks, which carry no loss.)
+    return ((pred - (noise - x0)).square() * noisy).sum() / noisy.sum().clamp(min=1)
+
+
+def teacher_forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, gen: torch.Generator) -> torch.Tensor:
+    """Teacher forcing in one forward, as the sampler runs: the clean window followed by a noisy copy (every chunk
+    its own level); a noisy chunk sees the clean chunks before it and itself, a clean chunk the clean chunks up to
+    its own (:func:`kinegen.pipelines.causal_wan.teacher_forcing_mask`), so every chunk is trained in the setting of
+    its denoising forwards at inference (a clean cache, committed chunk by chunk). With ``recycle_prob`` the clean
+    copy is the model's own one-step estimate of the window (error recycling)."""
+    b, f, chunks, tokens = x0.shape[0], x0.shape[2], int(ids.max()) + 1, _tokens(transformer, x0)
+    noise = torch.randn(x0.shape, generator=gen)
+    sig = _sigmas(b * chunks, cfg.flow_shift, gen).view(b, chunks)
+    recycle = bool(torch.rand((), generator=gen) < cfg.recycle_prob)
+    sig_back = torch.rand(sig.shape, generator=gen) * cfg.recycle_sigma
+    s = sig[:, ids].view(b, 1, -1, 1, 1)
+    context = x0
+    if recycle:
+        with torch.no_grad():
+            state.chunk_ids, state.teacher_forcing = ids, False
+            back = sig_back[:, ids].view(b, 1, -1, 1, 1)
+            xb = (1 - back) * x0 + back * noise.flip(0)  # other noise than the trained copy's
+            v = transformer(xb, timestep=(sig_back[:, ids] * 1000).repeat_interleave(tokens, dim=1),
+                            encoder_hidden_states=text, return_dict=False)[0]
+            context = xb - back * v
+    xt = (1 - s) * x0 + s * noise
+    positions = state.frame_positions
+    state.chunk_ids, state.teacher_forcing = ids, True
+    state.frame_positions = torch.cat([positions, positions], dim=1)
+    timestep = torch.cat([torch.zeros(b, f * tokens), (sig[:, ids] * 1000).repeat_interleave(tokens, dim=1)], dim=1)
+    try:
+        pred = transformer(torch.cat([context, xt], dim=2), timestep=timestep, encoder_hidden_states=text,
+                           return_dict=False)[0][:, :, f:]
+    finally:
+        state.frame_positions, state.teacher_forcing = positions, False
+    return (pred - (noise - x0)).square().mean()
+
+
 def recycled_history(transformer, x0, sig, sig_back, noise, ids, tokens, text) -> torch.Tensor:
     """``x0`` with each clean chunk (``sig == 0``) replaced by the model's one-step estimate of it from a copy noised
     to ``sig_back``: ``x_0_hat = x_t - s v_theta(x_t)`` (error recycling). The noisy chunks enter that forward as
@@ -179,7 +246,7 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
     latents, windows = encode_windows(run_dir, cfg, vae)
     specs = [sample_clip(seed, split="train") for seed, _ in windows]
     starts = torch.tensor([start for _, start in windows])
-    sinks = encode_sinks(run_dir, cfg, vae, windows) if cfg.sink_frames > 0 else None
+    sinks = encode_sinks(run_dir, cfg, vae, windows) if cfg.cache_layout and cfg.sink_frames > 0 else None
 
     torch.manual_seed(cfg.seed)
     transformer = base.transformer
@@ -189,7 +256,6 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
     for block in transformer.blocks:
         block.attn2.set_processor(cross)
     state = make_causal(transformer)
-    state.chunk_ids = ids
     params = list(transformer.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.99))
     ckpt_modules = {"transformer": transformer, "ema_transformer": ema}
@@ -198,8 +264,6 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
           f"{cfg.frames} frames in {len(ids.unique())} chunks; starting at step {step}", flush=True)
     progress = Progress(run_dir, cfg.steps, step)
     box = TimeBox(cfg.steps, cfg.checkpoint_every, cfg.max_minutes)
-    per_frame = ids.bincount()
-    patch = transformer.config.patch_size
     transformer.train()
     while step < cfg.steps:
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
@@ -207,26 +271,15 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
         x0 = latents[idx]
         if sinks is not None:
             x0, state.frame_positions = cache_layout(x0, sinks[idx], starts[idx])
+        else:
+            state.frame_positions = torch.arange(x0.shape[2]).expand(x0.shape[0], -1)
         captions = batch_captions(specs, idx, step, cfg.cfg_dropout, gen)
-        noise = torch.randn(x0.shape, generator=gen)
-        sig = forcing_sigmas(cfg.batch_size, len(per_frame), cfg.flow_shift, cfg.clean_prob, gen)
-        recycle = bool(torch.rand((), generator=gen) < cfg.recycle_prob)
-        sig_back = torch.rand(sig.shape, generator=gen) * cfg.recycle_sigma  # drawn every step: one RNG stream
-        s = sig[:, ids].view(cfg.batch_size, 1, -1, 1, 1)  # each latent frame its chunk's level
-        tokens = (x0.shape[3] // patch[1]) * (x0.shape[4] // patch[2])
         for g in opt.param_groups:
             g["lr"] = cosine_lr(step, cfg.steps, cfg.lr, warmup=100)
         with torch.no_grad():
             text, cross.pad_copies = encode_text_compact(tokenizer, text_encoder, captions)
-            if recycle:
-                x0 = recycled_history(transformer, x0, sig, sig_back, noise, ids, tokens, text)
-        xt = (1 - s) * x0 + s * noise  # clean chunks: x0 itself (or the model's estimate of it)
-        timestep = (sig[:, ids] * 1000).repeat_interleave(tokens, dim=1)  # [B, tokens]: per-token timesteps
-        pred = transformer(xt, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
-        # Clean chunks are context only: at s = 0 the velocity e - x_0 names noise the input does not contain.
-        noisy = (s > 0).float().expand_as(x0)
-        # (Where x0 was recycled it differs from the real latents only on clean chunks, which carry no loss.)
-        loss = ((pred - (noise - x0)).square() * noisy).sum() / noisy.sum().clamp(min=1)
+        step_loss = teacher_forcing_loss if cfg.teacher_forcing else forcing_loss
+        loss = step_loss(transformer, state, x0, text, ids, cfg, gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

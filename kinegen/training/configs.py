@@ -60,7 +60,9 @@ class ARTrainConfig:
     chunk_frames: int = 2  # latent frames per chunk after the first (of one latent frame)
     offset_prob: float = 0.5  # share of windows starting later in the video than frame 0
     max_start: int = 208  # latest start frame of a window (a multiple of 4)
-    clean_prob: float = 0.25  # share of chunks given no noise (clean history, as at inference)
+    teacher_forcing: bool = True  # each chunk denoised against the clean chunks before it, as the sampler runs
+    clean_prob: float = 0.25  # without teacher forcing: share of chunks given no noise (clean history)
+    cache_layout: bool = True  # train later windows after the sink at position 0, as the rolling cache holds them
     recycle_prob: float = 0.5  # share of steps whose clean history is the model's own estimate of it (error recycling)
     recycle_sigma: float = 0.5  # the highest noise level that estimate is made from
     cfg_dropout: float = 0.1
