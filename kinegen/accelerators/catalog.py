@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..caching import diffusers_caches, map_guided  # noqa: F401  (registers the caches)
+from ..dasa import apply as dasa_apply  # noqa: F401  (registers dasa)
 from ..errors import ConfigError
 from ..sparse_attn import apply, backends  # noqa: F401  (registers the attention accelerators)
 from .base import ACCELERATORS, KINDS, Accelerator, AcceleratorHandle, RunInfo, build_config, get_accelerator

@@ -147,7 +147,15 @@ class WanAutoregressivePipeline(WanPipeline):
 
     The chunking and cache settings are the pipeline's configuration (saved in ``model_index.json`` with
     ``save_pretrained`` and read back by ``from_pretrained``); a call may override each of them.
+
+    ``chunk_hooks``: the extension point of accelerators of this pipeline (DASA, :mod:`kinegen.dasa`), objects with
+    ``begin(pipe, state)`` (after the causal processors are installed), ``before_chunk(index, frame_offset,
+    num_frames, num_steps, new_prompt)``, ``before_commit(latents, frame_offset)`` (the chunk's clean latents, before
+    the commit forward) and ``end()`` (before the model is restored). An accelerator sets it on the instance and
+    deletes it when removed.
     """
+
+    chunk_hooks: tuple = ()
 
     def __init__(self, tokenizer, text_encoder, vae, scheduler, transformer, transformer_2=None,
                  boundary_ratio=None, expand_timesteps: bool = False, chunk_frames: int = 3,
@@ -219,6 +227,7 @@ class WanAutoregressivePipeline(WanPipeline):
                 runs.append([f])
         for run in runs:
             x = torch.cat([clean[f] for f in run], dim=2)
+            x = torch.cat([x] * (embeds.shape[0] // x.shape[0]))  # both guidance branches, as the commit pass
             self._forward(x, 0, embeds, state, frame_offset=run[0], commit=True)
 
     def _chunks(self, prompt, negative_prompt, height, width, num_frames, num_inference_steps, guidance_scale,
@@ -242,12 +251,17 @@ class WanAutoregressivePipeline(WanPipeline):
         channels = self.transformer.config.in_channels
 
         state = make_causal(self.transformer, cache_config)
+        hooks = tuple(self.chunk_hooks)
         clean: dict[int, torch.Tensor] = {}  # committed latents of the frames in the cache, for re-caching
         chunk_of: dict[int, int] = {}  # latent frame -> its chunk
         try:
+            for hook in hooks:
+                hook.begin(self, state)
             start = 0
             embeds = None
             for c, n in enumerate(partition):
+                for hook in hooks:
+                    hook.before_chunk(c, start, n, num_inference_steps, c > 0 and c in schedule)
                 if c in schedule:
                     embeds = self._embeds(schedule[c], negative_prompt, guidance_scale, device)
                     if c > 0:
@@ -265,6 +279,8 @@ class WanAutoregressivePipeline(WanPipeline):
                     if callback_on_step_end is not None:  # diffusers' convention; the step counts within the chunk
                         callback_on_step_end(self, i, t, {"latents": x})
                 t1 = time.perf_counter()
+                for hook in hooks:
+                    hook.before_commit(x, start)
                 self._forward(torch.cat([x, x]) if guidance_scale > 1 else x, 0, embeds, state, frame_offset=start,
                               commit=True)
                 for i in range(n):
@@ -275,6 +291,8 @@ class WanAutoregressivePipeline(WanPipeline):
                                     state.cached_frames, state.kv_bytes), len(partition)
                 start += n
         finally:
+            for hook in hooks:
+                hook.end()
             state.clear()
             state.remove()
 

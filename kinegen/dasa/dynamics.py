@@ -1,0 +1,122 @@
+"""Which tokens are dynamic: cheap latent differences, smoothed over chunks (reference note, sections 4.5 and 5).
+
+At each chunk commit, from the chunk's clean latents and the previous chunk's last clean frame:
+
+1. **score**: per latent frame, the mean over channels of ``|z_t - z_{t-1}|``, average-pooled to the transformer's
+   patch grid (one value per token; section 5's latent difference, already in token space, no decode);
+2. **dilation**: a max-filter (3x3 by default) on the token grid, so the edges of moving things stay dynamic;
+3. **entry**: a token enters the dynamic set when its score is among the frame's top ``keep`` share (the budget),
+   or reaches ``threshold``; its score relative to that entry level is its *membership* (1 = the level);
+4. **smoothing**: an exponential moving average of the membership over frames, chunk after chunk; a dynamic token
+   turns static only when the average falls below ``low`` (hysteresis), so masks do not flicker (section 4.5);
+5. **keyframes**: a frame whose mean difference jumps to ``scene_jump`` times its running mean (a scene change), or
+   a prompt switch (the pipeline re-caches), makes the chunk a keyframe: kept whole, computed fully, and the
+   dynamics restart from it (section 4.5).
+
+:class:`DynamicsTracker` holds that state for one run; its :attr:`~DynamicsTracker.dynamic` map (before a chunk is
+denoised: the previous chunk's dynamics) is also what region compute allocation reads.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+SCENE_FLOOR = 0.05
+"""The smallest running mean difference a scene jump is measured against (normalised latents have unit scale; a
+near-still video must not call every small motion a scene change)."""
+
+
+def latent_motion(latents: torch.Tensor, previous: torch.Tensor, patch: tuple[int, int]) -> torch.Tensor:
+    """``[F, H', W']``: per latent frame of ``latents`` ``[B, C, F, h, w]``, the mean over channels (and batch) of
+    its absolute difference from the frame before (``previous`` ``[B, C, 1, h, w]`` before the first), average-pooled
+    over each ``patch`` (the token grid)."""
+    seq = torch.cat([previous.to(latents), latents], dim=2).float()
+    diff = (seq[:, :, 1:] - seq[:, :, :-1]).abs().mean(dim=(0, 1))  # [F, h, w]
+    return F.avg_pool2d(diff[:, None], kernel_size=patch, stride=patch)[:, 0]
+
+
+def dilate(scores: torch.Tensor, size: int) -> torch.Tensor:
+    """A ``size`` x ``size`` max-filter over ``[F, H', W']`` (edges padded by the border values' own max)."""
+    if size == 1:
+        return scores
+    return F.max_pool2d(scores[:, None], kernel_size=size, stride=1, padding=size // 2)[:, 0]
+
+
+def membership(score: torch.Tensor, keep: float, threshold: float | None) -> torch.Tensor:
+    """Score over the entry level, ``[H', W']``: >= 1 enters the dynamic set. With a budget, the level is the
+    ``ceil(keep * tokens)``-th largest score and those tokens are at least 1 (ties and a still frame included)."""
+    if threshold is not None:
+        return score / threshold
+    flat = score.flatten()
+    k = max(1, math.ceil(keep * flat.numel()))
+    top = flat.topk(k)
+    u = flat / top.values[-1].clamp(min=1e-12)
+    u[top.indices] = u[top.indices].clamp(min=1.0)
+    return u.view_as(score)
+
+
+class DynamicsTracker:
+    """The dynamics of one run, updated at each chunk commit (see the module docstring).
+
+    Attributes:
+        dynamic: ``[H', W']`` bool, the current dynamic set (None: no history yet or just after a keyframe, which
+            counts as everything dynamic).
+        keyframe: whether the last chunk was a keyframe (its successor is then computed fully).
+        keyframes: how many chunks were keyframes (the first chunk, scene changes and prompt switches).
+    """
+
+    def __init__(self, keep: float, threshold: float | None, ema: float, low: float, dilate_size: int,
+                 scene_jump: float | None):
+        self.keep, self.threshold, self.ema, self.low = keep, threshold, ema, low
+        self.dilate_size, self.scene_jump = dilate_size, scene_jump
+        self.keyframes = 0
+        self.scene_changes = 0
+        self.reset()
+
+    def reset(self) -> None:
+        self.dynamic: torch.Tensor | None = None
+        self.smooth: torch.Tensor | None = None
+        self.mean_diff: float | None = None
+        self.keyframe = True
+
+    def update(self, latents: torch.Tensor, previous: torch.Tensor | None, patch: tuple[int, int],
+               force_keyframe: bool = False) -> list[torch.Tensor | None]:
+        """A committed chunk's clean latents ``[B, C, F, h, w]`` -> per frame, the flat ``[H' * W']`` bool mask of
+        tokens to keep in the KV cache, or None for the whole frame (its first frame, and every frame of a
+        keyframe: the video's first chunk, ``force_keyframe`` (a prompt switch), a scene change)."""
+        frames = latents.shape[2]
+        if previous is None or force_keyframe:
+            return self._keyframe(frames)
+        scores = latent_motion(latents, previous, patch)
+        if self._scene_change(scores.mean(dim=(1, 2)).tolist()):
+            self.scene_changes += 1
+            return self._keyframe(frames)
+        masks: list[torch.Tensor | None] = []
+        for score in dilate(scores, self.dilate_size):
+            u = membership(score, self.keep, self.threshold)
+            self.smooth = u if self.smooth is None else self.ema * self.smooth + (1 - self.ema) * u
+            held = torch.ones_like(u, dtype=torch.bool) if self.dynamic is None else self.dynamic
+            self.dynamic = (u >= 1) | (held & (self.smooth >= self.low))
+            if not bool(self.dynamic.any()):  # a still frame under a threshold: keep its strongest token
+                self.dynamic.view(-1)[self.smooth.argmax()] = True
+            masks.append(self.dynamic.flatten().clone())
+        masks[0] = None  # the anchor frame is kept whole
+        self.keyframe = False
+        return masks
+
+    def _scene_change(self, means: list[float]) -> bool:
+        """Whether a frame's mean difference jumps above ``scene_jump`` times the running mean (updated here)."""
+        jump = False
+        for g in means:
+            if self.scene_jump is not None and self.mean_diff is not None:
+                jump |= g > self.scene_jump * max(self.mean_diff, SCENE_FLOOR)
+            self.mean_diff = g if self.mean_diff is None else self.ema * self.mean_diff + (1 - self.ema) * g
+        return jump
+
+    def _keyframe(self, frames: int) -> list[None]:
+        self.keyframes += 1
+        self.reset()
+        return [None] * frames
