@@ -58,10 +58,10 @@ def seam_ratio(frames: np.ndarray, boundaries: list[int]) -> float:
     return float(change[at].mean() / max(np.median(inside), 1e-8)) if at else float("nan")
 
 
-def _generate_ar(pipe, prompt, seed, frames, steps):
+def _generate_ar(pipe, prompt, seed, frames, steps, guidance=None):
     import kinegen
 
-    result = kinegen.generate(pipe, prompt, seed=seed, frames=frames, steps=steps)
+    result = kinegen.generate(pipe, prompt, seed=seed, frames=frames, steps=steps, guidance=guidance)
     starts = np.cumsum([c["frames"] for c in result.chunks])[:-1]  # the first video frame of every later chunk
     return result.frames, [int(b) for b in starts]
 
@@ -93,6 +93,9 @@ def main(argv=None) -> int:
     ap.add_argument("--frames", type=int, default=241)
     ap.add_argument("--split", default="train", choices=["train", "held_out"])
     ap.add_argument("--steps", type=int, default=None, help="denoising steps (per chunk; default: the model's)")
+    ap.add_argument("--guidance", type=float, default=None, help="--method ar: guidance scale (default: the model's)")
+    ap.add_argument("--prompt-seed", type=int, default=1,
+                    help="prompts: adherence_prompts(n, split, seed=this); 1 = the benchmark's, others for tuning")
     ap.add_argument("--output", required=True)
     ap.add_argument("--videos", default=None, help="also save each video here (uint8 .npz), to read it again")
     args = ap.parse_args(argv)
@@ -105,10 +108,10 @@ def main(argv=None) -> int:
     pipe.set_progress_bar_config(disable=True)
     classifier = load_classifier()
     records = []
-    for i, (prompt, truth) in enumerate(adherence_prompts(args.prompts, args.split, seed=1)):
+    for i, (prompt, truth) in enumerate(adherence_prompts(args.prompts, args.split, seed=args.prompt_seed)):
         t0 = time.perf_counter()
         if args.method == "ar":
-            frames, boundaries = _generate_ar(pipe, prompt, i, args.frames, args.steps)
+            frames, boundaries = _generate_ar(pipe, prompt, i, args.frames, args.steps, args.guidance)
         else:
             frames, boundaries = _generate_extend(pipe, prompt, i, args.frames, args.steps, args.history,
                                                   args.overlap_frames)
@@ -136,6 +139,7 @@ def main(argv=None) -> int:
         "command": "python benchmarks/autoregressive_windows.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": time.strftime("%Y-%m-%d %H:%M"), "model": args.model, "method": args.method,
         "history": args.history if args.method == "window-extend" else None, "frames": args.frames,
+        "guidance": args.guidance, "prompt_seed": args.prompt_seed,
         "split": args.split, "prompts": args.prompts, "windows_per_video": n,
         "right": {a: share(a) for a in ("shape", "colour", "motion")},
         "first_quarter": {a: share(a, slice(0, q)) for a in ("shape", "colour", "motion")},

@@ -11,10 +11,10 @@ VIDEOS=${VIDEOS:-/tmp/kinegen-ar-videos}   # the generated videos (uint8 .npz), 
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=1  # one thread per process: two processes on two cores instead of four threads fighting
 windows() { "$PY" benchmarks/autoregressive_windows.py --prompts 8 --frames 241 "$@"; }
-(windows --model kinegen-shapes-ar --split train --videos "$VIDEOS/ar" --output "$OUT/windows_ar_train.json" \
-     > "$OUT/windows_ar_train.log"
- windows --model kinegen-shapes-ar --split held_out --videos "$VIDEOS/ar" --output "$OUT/windows_ar_held_out.json" \
-     > "$OUT/windows_ar_held_out.log") &
+(windows --model kinegen-shapes-ar --split train --videos "$VIDEOS/ar" --output "$OUT/windows_ar_stage2_train.json" \
+     > "$OUT/windows_ar_stage2_train.log"
+ windows --model kinegen-shapes-ar --split held_out --videos "$VIDEOS/ar" --output "$OUT/windows_ar_stage2_held_out.json" \
+     > "$OUT/windows_ar_stage2_held_out.log") &
 (windows --model kinegen-shapes-t2v --method window-extend --split train --videos "$VIDEOS/extend" \
      --output "$OUT/windows_extend_train.json" > "$OUT/windows_extend_train.log"
  "$PY" benchmarks/autoregressive_cost.py --model kinegen-shapes-ar --chunks 66 --output "$OUT/cost.json" \

@@ -106,9 +106,9 @@ for _spec in [
     # Trained by this repository (kinegen train) and shipped in assets/models/: runs offline on a CPU.
     ModelSpec("kinegen-shapes-t2v", "wan", "Wan-architecture text-to-video trained here on moving shapes (bundled)",
               128, 128, 20, 4.0, frames=17, fps=8, bundled="kinegen-shapes-t2v", evaluator="adherence"),
-    ModelSpec("kinegen-shapes-ar", "wan_ar", "kinegen-shapes-t2v turned causal here by diffusion forcing: long videos "
-              "chunk by chunk with a KV cache (bundled; first stage: backgrounds drift, see its card)", 128, 128, 20,
-              4.0, frames=121, fps=24,
+    ModelSpec("kinegen-shapes-ar", "wan_ar", "kinegen-shapes-t2v turned causal here: long videos chunk by chunk with "
+              "a KV cache (bundled; its VAE breaks after frame 16, see its card)", 128, 128, 20,
+              2.0, frames=121, fps=24,
               bundled="kinegen-shapes-ar"),
     ModelSpec("kinegen-shapes-gan", "mpgan", "class-conditional MP-GAN trained here on 12 shape/colour classes, "
               "32x32, one step (bundled)", 32, 32, 1, 0.0, bundled="kinegen-shapes-gan"),

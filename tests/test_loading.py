@@ -25,6 +25,18 @@ def test_registry_has_the_real_checkpoints():
         assert spec.height % 16 == 0 and spec.width % 16 == 0 and spec.steps > 0
 
 
+def test_bundled_models_registry_defaults_match_their_folders():
+    """A bundled model named in the registry and the same folder passed as a path generate with the same defaults."""
+    from kinegen.loading import ASSETS_DIR, read_generation_defaults
+
+    checked = []
+    for spec in (s for s in MODELS.values() if s.bundled):
+        declared = read_generation_defaults(ASSETS_DIR / "models" / spec.bundled)  # (the GAN declares none)
+        assert {k: getattr(spec, k) for k in declared} == declared, spec.name
+        checked += [spec.name] if declared else []
+    assert {"kinegen-shapes-t2v", "kinegen-shapes-ar"} <= set(checked)
+
+
 @pytest.fixture(scope="module")
 def saved_wan(tmp_path_factory, wan):
     folder = tmp_path_factory.mktemp("models") / "my-wan"

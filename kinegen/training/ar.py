@@ -296,7 +296,7 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
 
 def export_ar_pipeline(folder: Path, base, transformer, cfg: ARTrainConfig) -> Path:
     """Save a ``WanAutoregressivePipeline`` folder (safetensors) with the chunk and cache settings and
-    ``kinegen_defaults.json`` (the training size; 121 frames at 24 fps, 20 steps per chunk)."""
+    ``kinegen_defaults.json`` (the training size; 121 frames at 24 fps, 20 steps per chunk, ``cfg.guidance``)."""
     from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
     from ..loading import write_generation_defaults
@@ -315,6 +315,7 @@ def export_ar_pipeline(folder: Path, base, transformer, cfg: ARTrainConfig) -> P
     pipe.save_pretrained(folder, safe_serialization=True)
     # 20 steps per chunk, as the bundled model samples: diffusion forcing does not distil the sampler (a few-step
     # student, as Self-Forcing's 4 steps, would be a further stage). 121 frames at 24 fps: a 5-second video.
-    write_generation_defaults(folder, height=cfg.size, width=cfg.size, frames=121, steps=20, guidance=4.0, fps=24)
+    write_generation_defaults(folder, height=cfg.size, width=cfg.size, frames=121, steps=20, guidance=cfg.guidance,
+                              fps=24)
     print(f"saved pipeline to {folder}", flush=True)
     return folder

@@ -68,6 +68,7 @@ class ARTrainConfig:
     cfg_dropout: float = 0.1
     flow_shift: float = 3.0
     ema: float = 0.999
+    guidance: float = 4.0  # the exported pipeline's default guidance scale (chosen by benchmarks/autoregressive.md)
     sink_frames: int = 1  # the exported pipeline's KV cache: a frame sink ...
     window_frames: int = 9  # ... and a rolling window, in latent frames
     seed: int = 0
