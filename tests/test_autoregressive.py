@@ -186,6 +186,15 @@ def test_prompt_change_recaches_the_window_under_the_new_prompt(ar):
         state.remove()
 
 
+@torch.no_grad()
+def test_a_prompt_switch_with_guidance_recaches_both_branches(ar):
+    """With guidance the cache holds a conditional and an unconditional row; a prompt switch re-caches both."""
+    out = ar([(0, "a red circle"), (1, "a blue square")], generator=torch.Generator().manual_seed(1), height=32,
+             width=32, num_frames=17, num_inference_steps=2, guidance_scale=3.0, chunk_frames=2, window_frames=3,
+             sink_frames=1, output_type="latent")
+    assert out.frames.shape[2] == 5 and torch.isfinite(out.frames).all()
+
+
 def test_bad_settings_are_refused_with_the_valid_values(ar):
     with pytest.raises(InvalidRequestError, match="try num_frames 17 or 25"):
         chunk_partition(6, 2)  # 6 latent frames (21 video frames) do not split into 1 + 2 + 2 + ...
