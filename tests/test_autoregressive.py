@@ -306,6 +306,11 @@ def test_diffusion_forcing_trains_resumes_and_exports_a_causal_pipeline(tmp_path
     assert (pipe.config.chunk_frames, pipe.config.sink_frames, pipe.config.window_frames) == (2, 1, 3)
     result = kinegen.generate(pipe, "a red circle moving right", frames=17, steps=2, seed=0)
     assert result.frames.shape == (17, 32, 32, 3)
+    # Diffusion forcing (stage 1's recipe) and error recycling on every step train too.
+    other = tmp_path / "forcing"
+    assert main(["train", "ar", "--run", str(other), *args[4:], "--steps", "2", "--teacher-forcing", "false",
+                 "--recycle-prob", "1", "--guidance", "2"]) == 0
+    assert json.loads((other / "pipeline" / "kinegen_defaults.json").read_text())["guidance"] == 2.0
 
 
 def test_the_web_service_runs_and_stops_an_autoregressive_model(tmp_path):

@@ -191,11 +191,7 @@ def teacher_forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, 
     if recycle:
         with torch.no_grad():
             state.chunk_ids, state.teacher_forcing = ids, False
-            back = sig_back[:, ids].view(b, 1, -1, 1, 1)
-            xb = (1 - back) * x0 + back * noise.flip(0)  # other noise than the trained copy's
-            v = transformer(xb, timestep=(sig_back[:, ids] * 1000).repeat_interleave(tokens, dim=1),
-                            encoder_hidden_states=text, return_dict=False)[0]
-            context = xb - back * v
+            context = one_step_estimate(transformer, x0, sig_back, noise.flip(0), ids, tokens, text)  # other noise
     xt = (1 - s) * x0 + s * noise
     positions = state.frame_positions
     state.chunk_ids, state.teacher_forcing = ids, True
@@ -209,21 +205,24 @@ def teacher_forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, 
     return (pred - (noise - x0)).square().mean()
 
 
-def recycled_history(transformer, x0, sig, sig_back, noise, ids, tokens, text) -> torch.Tensor:
-    """``x0`` with each clean chunk (``sig == 0``) replaced by the model's one-step estimate of it from a copy noised
-    to ``sig_back``: ``x_0_hat = x_t - s v_theta(x_t)`` (error recycling). The noisy chunks enter that forward as
-    they will be trained (same levels, same ``noise``), so the estimate sees the same context; they are returned
-    unchanged."""
-    clean = sig == 0
-    if not clean.any():
-        return x0
-    level = torch.where(clean, sig_back, sig)
+def one_step_estimate(transformer, x0, level, noise, ids, tokens, text) -> torch.Tensor:
+    """The model's estimate of ``x0`` from one forward of it noised to ``level`` ``[B, chunks]``:
+    ``x_t = (1 - s) x_0 + s e``, ``x_0_hat = x_t - s v_theta(x_t)`` (exact at ``s = 0``)."""
     s = level[:, ids].view(x0.shape[0], 1, -1, 1, 1)
     xt = (1 - s) * x0 + s * noise
     timestep = (level[:, ids] * 1000).repeat_interleave(tokens, dim=1)
-    v = transformer(xt, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
-    frame_clean = clean[:, ids].view(x0.shape[0], 1, -1, 1, 1)
-    return torch.where(frame_clean, xt - s * v, x0)
+    return xt - s * transformer(xt, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
+
+
+def recycled_history(transformer, x0, sig, sig_back, noise, ids, tokens, text) -> torch.Tensor:
+    """``x0`` with each clean chunk (``sig == 0``) replaced by the model's one-step estimate of it from a copy noised
+    to ``sig_back`` (error recycling). The noisy chunks enter that forward as they will be trained (same levels,
+    same ``noise``), so the estimate sees the same context; they are returned unchanged."""
+    clean = sig == 0
+    if not clean.any():
+        return x0
+    estimate = one_step_estimate(transformer, x0, torch.where(clean, sig_back, sig), noise, ids, tokens, text)
+    return torch.where(clean[:, ids].view(x0.shape[0], 1, -1, 1, 1), estimate, x0)
 
 
 def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
