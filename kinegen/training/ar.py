@@ -153,6 +153,13 @@ def _tokens(transformer, x0: torch.Tensor) -> int:
     return (x0.shape[3] // p_h) * (x0.shape[4] // p_w)
 
 
+def noised(x0, level, noise, ids, tokens) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(s, x_t, timestep)`` for latents noised to per-chunk ``level`` ``[B, chunks]``: ``s`` per latent frame,
+    ``x_t = (1 - s) x_0 + s e`` and the per-token timesteps ``[B, frames * tokens]`` the transformer takes."""
+    s = level[:, ids].view(x0.shape[0], 1, -1, 1, 1)
+    return s, (1 - s) * x0 + s * noise, (level[:, ids] * 1000).repeat_interleave(tokens, dim=1)
+
+
 def forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, gen: torch.Generator) -> torch.Tensor:
     """Diffusion forcing: every chunk its own noise level (some clean), one block-causal forward, the flow loss on
     the noisy chunks."""
@@ -161,13 +168,11 @@ def forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, gen: tor
     sig = forcing_sigmas(b, chunks, cfg.flow_shift, cfg.clean_prob, gen)
     recycle = bool(torch.rand((), generator=gen) < cfg.recycle_prob)
     sig_back = torch.rand(sig.shape, generator=gen) * cfg.recycle_sigma  # drawn every step: one RNG stream
-    s = sig[:, ids].view(b, 1, -1, 1, 1)  # each latent frame its chunk's level
     state.chunk_ids, state.teacher_forcing = ids, False
     if recycle:
         with torch.no_grad():
             x0 = recycled_history(transformer, x0, sig, sig_back, noise, ids, tokens, text)
-    xt = (1 - s) * x0 + s * noise  # clean chunks: x0 itself (or the model's estimate of it)
-    timestep = (sig[:, ids] * 1000).repeat_interleave(tokens, dim=1)  # [B, tokens]: per-token timesteps
+    s, xt, timestep = noised(x0, sig, noise, ids, tokens)  # clean chunks: x0 itself (or the model's estimate of it)
     pred = transformer(xt, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
     # Clean chunks are context only: at s = 0 the velocity e - x_0 names noise the input does not contain.
     noisy = (s > 0).float().expand_as(x0)
@@ -186,17 +191,16 @@ def teacher_forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, 
     sig = _sigmas(b * chunks, cfg.flow_shift, gen).view(b, chunks)
     recycle = bool(torch.rand((), generator=gen) < cfg.recycle_prob)
     sig_back = torch.rand(sig.shape, generator=gen) * cfg.recycle_sigma
-    s = sig[:, ids].view(b, 1, -1, 1, 1)
     context = x0
     if recycle:
         with torch.no_grad():
             state.chunk_ids, state.teacher_forcing = ids, False
             context = one_step_estimate(transformer, x0, sig_back, noise.flip(0), ids, tokens, text)  # other noise
-    xt = (1 - s) * x0 + s * noise
+    _, xt, timestep = noised(x0, sig, noise, ids, tokens)
     positions = state.frame_positions
     state.chunk_ids, state.teacher_forcing = ids, True
     state.frame_positions = torch.cat([positions, positions], dim=1)
-    timestep = torch.cat([torch.zeros(b, f * tokens), (sig[:, ids] * 1000).repeat_interleave(tokens, dim=1)], dim=1)
+    timestep = torch.cat([torch.zeros(b, f * tokens), timestep], dim=1)  # the clean copy at t = 0
     try:
         pred = transformer(torch.cat([context, xt], dim=2), timestep=timestep, encoder_hidden_states=text,
                            return_dict=False)[0][:, :, f:]
@@ -208,9 +212,7 @@ def teacher_forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, 
 def one_step_estimate(transformer, x0, level, noise, ids, tokens, text) -> torch.Tensor:
     """The model's estimate of ``x0`` from one forward of it noised to ``level`` ``[B, chunks]``:
     ``x_t = (1 - s) x_0 + s e``, ``x_0_hat = x_t - s v_theta(x_t)`` (exact at ``s = 0``)."""
-    s = level[:, ids].view(x0.shape[0], 1, -1, 1, 1)
-    xt = (1 - s) * x0 + s * noise
-    timestep = (level[:, ids] * 1000).repeat_interleave(tokens, dim=1)
+    s, xt, timestep = noised(x0, level, noise, ids, tokens)
     return xt - s * transformer(xt, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
 
 
