@@ -1,4 +1,4 @@
-"""``kinegen train WHAT``: train a part of the bundled models (vae, t2v, ar, adherence, gan,
+"""``kinegen train WHAT``: train a part of the bundled models (vae, t2v, ar, dasa, adherence, gan,
 gan-classifier). Each run keeps a resumable checkpoint in its ``--run`` folder; ``--export``
 copies the result into place when training ends."""
 
@@ -14,6 +14,7 @@ def add_parser(subparsers) -> None:
     from ..training.configs import (
         AdherenceTrainConfig,
         ARTrainConfig,
+        DASATrainConfig,
         GANClassifierTrainConfig,
         GANTrainConfig,
         T2VTrainConfig,
@@ -29,6 +30,8 @@ def add_parser(subparsers) -> None:
         ("t2v", T2VTrainConfig, "runs/t2v", "the text-to-video transformer and text encoder (needs a trained VAE)"),
         ("ar", ARTrainConfig, "runs/ar", "the chunk-by-chunk model: diffusion forcing of the text-to-video model on "
                                          "long videos (docs/autoregressive.md)"),
+        ("dasa", DASATrainConfig, "runs/dasa", "dynamics-guided distillation of a chunk-by-chunk model for the DASA "
+                                               "accelerator (docs/dasa.md)"),
         ("adherence", AdherenceTrainConfig, "runs/adherence", "the prompt-adherence classifier"),
         ("gan", GANTrainConfig, "runs/gan", "the class-conditional MP-GAN (or --variant r3gan) on --data "
                                             "shapes|imagefolder:PATH"),
@@ -60,6 +63,8 @@ def run(args) -> int:
         from ..training.t2v import train_t2v as train
     elif args.what == "ar":
         from ..training.ar import train_ar as train
+    elif args.what == "dasa":
+        from ..training.dasa import train_dasa as train
     elif args.what == "gan":
         from ..training.gan import train_gan as train
     else:
@@ -101,6 +106,8 @@ def check_settings(args, cfg) -> None:
         elif f.name in ("vae", "init") and value and not Path(value).is_dir():
             hint = "train one with `kinegen train vae`" if f.name == "vae" else "give a folder an earlier run exported"
             raise ConfigError(f"{flag} {value} is not a folder; {hint}.")
+    if args.what == "dasa":
+        _check_dasa(cfg)
     if getattr(cfg, "decoder_only", False) and not cfg.init:
         raise ConfigError("--decoder-only fine-tunes a trained VAE's decoder: pass --init VAE_FOLDER.")
     if args.what == "t2v":  # what train_t2v checks first, as errors rather than tracebacks
@@ -112,6 +119,24 @@ def check_settings(args, cfg) -> None:
                 _init_files(Path(cfg.init))
         except (ValueError, FileNotFoundError) as e:
             raise ConfigError(str(e)) from None
+
+
+def _check_dasa(cfg) -> None:
+    from ..errors import ConfigError
+    from ..training.dasa import _dasa_config
+
+    if cfg.train not in ("all", "attention"):
+        raise ConfigError(f"--train must be all or attention; got {cfg.train!r}.")
+    if cfg.frames % 4 != 1 or cfg.frames < 9:
+        raise ConfigError(f"--frames must be 4k + 1 and at least 9 (two chunks: DASA acts from the second); "
+                          f"got {cfg.frames}.")
+    if cfg.loss_steps > cfg.sample_steps:
+        raise ConfigError(f"--loss-steps ({cfg.loss_steps}) cannot exceed --sample-steps ({cfg.sample_steps}).")
+    if cfg.guidance is not None and not 0 <= cfg.guidance < float("inf"):
+        raise ConfigError(f"--guidance must be a number >= 0; got {cfg.guidance}.")
+    from ..dasa.config import DASAConfig
+
+    _dasa_config(cfg.dasa, DASAConfig)  # a bad setting fails here, naming the valid ones
 
 
 def _export(result: Path, dest: Path, cfg) -> None:

@@ -42,7 +42,7 @@ class DASASelfAttention(CausalWanSelfAttention):
         q, k, v = self.project(attn, hidden_states, rotary_emb)
         if computed is None:
             if plan.remember:
-                self.chunk_kv = (k, v)
+                self.chunk_kv = (k.detach(), v.detach())  # reused as constants (distillation backprops a step)
         else:
             k = self.chunk_kv[0].index_copy(1, computed, k)
             v = self.chunk_kv[1].index_copy(1, computed, v)

@@ -274,5 +274,5 @@ class _Scatter(ModelHook):
         if plan.computed is not None:
             return self.full.index_copy(1, plan.computed, output)
         if plan.remember:
-            self.full = output
+            self.full = output.detach()
         return output

@@ -77,6 +77,26 @@ class ARTrainConfig:
 
 
 @dataclasses.dataclass
+class DASATrainConfig:
+    """Dynamics-guided distillation of a chunk-by-chunk model for DASA (docs/dasa.md, "Distillation")."""
+
+    init: str = ""  # the chunk-by-chunk pipeline folder to distil (default: the bundled kinegen-shapes-ar)
+    dasa: str = "keep=0.3,compute=reuse"  # the DASA settings the student runs with (as in --attention dasa:...)
+    steps: int = 120  # rollouts, one optimizer step each
+    lr: float = 3e-5
+    frames: int = 41  # video frames per rollout (4k + 1)
+    size: int = 128
+    sample_steps: int = 20  # denoising steps per chunk, as the model samples
+    loss_steps: int = 3  # denoising steps of each chunk after the first with a loss (drawn at random)
+    guidance: float | None = None  # guidance scale of the rollouts (default: the model's)
+    dynamic_weight: float = 4.0  # lambda in the loss weight 1 + lambda * dynamic
+    train: str = "all"  # parameters trained: all, or attention (self-attention and its norm)
+    seed: int = 0
+    max_minutes: float | None = None
+    checkpoint_every: int = 10
+
+
+@dataclasses.dataclass
 class AdherenceTrainConfig:
     steps: int = 2000
     batch_size: int = 16
