@@ -174,6 +174,22 @@ def test_masks_do_not_flicker_under_hysteresis():
     assert masks[0] is None and grid[:2, :2].all() and grid[2:, 2:].all() and int(grid.sum()) == 8
 
 
+def test_peer_selections_keep_the_same_budget_anywhere():
+    """The peers at equal KV budget (issue 21, item 2): uniform and random token dropping keep ceil(keep * tokens)
+    of every later frame (a chunk's first frame stays whole), whatever moves; uniform shifts its stride frame by
+    frame, random differs per frame."""
+    moving = _sequence([1.0, 1.0])[0]  # only the top-left corner moves
+    for select in ("uniform", "random"):
+        tracker = DynamicsTracker(0.3, None, 0.5, 0.5, 3, None, select=select)
+        masks = tracker.update(moving, torch.zeros(1, 1, 1, 8, 8), (2, 2))
+        masks += tracker.update(moving, moving[:, :, -1:], (2, 2))
+        assert masks[0] is None and masks[2] is None  # each chunk's anchor frame is whole
+        assert [int(masks[i].sum()) for i in (1, 3)] == [5, 5]  # ceil(0.3 * 16)
+        assert not torch.equal(masks[1], masks[3]) and torch.equal(tracker.dynamic.flatten(), masks[3])
+    with pytest.raises(ConfigError, match="select must be one of dynamics, uniform, random"):
+        DASAConfig(select="topk")
+
+
 def test_a_scene_change_or_a_prompt_switch_is_a_keyframe():
     tracker = DynamicsTracker(0.3, None, 0.5, 0.5, 3, 3.0)
     previous = torch.zeros(1, 1, 1, 8, 8)
@@ -329,3 +345,35 @@ def test_the_cli_runs_dasa_and_reports_kv_bytes_against_dense(tmp_path, capsys):
     assert 0 < stats["kv_bytes"] <= stats["dense_kv_bytes"] and len(stats["chunks"]) == 3
     assert stats["kv_bytes"] == summary["chunk_stats"][-1]["kv_bytes"]
     assert math.isclose(stats["kv_ratio"], stats["kv_bytes"] / stats["dense_kv_bytes"])
+
+
+def test_far_history_pooling_is_exact_on_block_duplicates_and_quarters_far_frames():
+    """The AnyFlow-FAR-style peer: a far frame's keys and values pooled over 2x2 places with the bias log(4) give
+    the full cache's attention exactly when each 2x2 block holds duplicates, and cost a quarter of the bytes."""
+    import torch.nn.functional as F
+
+    from kinegen.dasa.peers import pool_frame
+    from kinegen.pipelines.causal_wan import LayerKVCache
+
+    gen = torch.Generator().manual_seed(0)
+
+    def blocky():  # [1, 16, 2, 8]: a 4x4 grid whose 2x2 blocks repeat one token
+        x = torch.randn(1, 2, 2, 2, 8, generator=gen)
+        return x.repeat_interleave(2, 1).repeat_interleave(2, 2).reshape(1, 16, 2, 8)
+
+    cache = LayerKVCache()
+    for f in range(3):
+        cache.append(blocky(), blocky(), [f])
+    q = torch.randn(1, 2, 5, 8, generator=gen)
+
+    def attend(c):
+        mask = None if c.bias is None else c.bias.view(1, 1, 1, -1)
+        return F.scaled_dot_product_attention(q, c.k.transpose(1, 2), c.v.transpose(1, 2), attn_mask=mask)
+
+    full, bytes_full = attend(cache), cache.nbytes
+    pool_frame(cache, 1, (4, 4), 2)
+    assert cache.k.shape[1] == 16 + 4 + 16 and cache.nbytes == bytes_full * 36 // 48
+    assert torch.allclose(attend(cache), full, atol=1e-5)
+    assert cache.token_frames.tolist() == [0] * 16 + [1] * 4 + [2] * 16
+    cache.bias = None  # without the bias the pooled frame weighs 4x too little
+    assert not torch.allclose(attend(cache), full, atol=1e-3)

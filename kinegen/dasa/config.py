@@ -14,6 +14,10 @@ COMPUTE_MODES = ("reuse", "sparse", "steps", "none")
 """Region compute allocation (section 4.2): ``reuse`` static tokens' outputs between refreshes, ``sparse``
 attention for static queries, fewer denoising ``steps`` for static tokens, or ``none`` (KV compression only)."""
 
+SELECTIONS = ("dynamics", "uniform", "random")
+"""Which tokens of a later frame the cache keeps: the ``dynamics`` (DASA), or the peers at the same budget, an evenly
+strided (``uniform``) or a ``random`` share ``keep`` of each frame."""
+
 SPARSE_BACKENDS = ("auto", "flex", "triton", "dense")
 """Executors of :func:`kinegen.sparse_attn.block_sparse.block_sparse_attention` for ``compute=sparse``."""
 
@@ -33,6 +37,9 @@ class DASAConfig:
         dilate: side of the max-filter on the token grid that keeps motion edges dynamic (odd; 1 = none).
         scene_jump: a frame whose mean difference exceeds this many times its running mean is a scene change: the
             chunk is kept whole and computed fully, and the dynamics restart (None = no scene detection).
+        select: ``dynamics`` (DASA), or a peer at the same budget for comparisons: ``uniform`` (evenly strided) or
+            ``random`` token dropping, ``keep`` of each frame, no smoothing (the static set for ``compute`` is then
+            the tokens not selected).
         bias: add log(1 + dropped duplicates) to the scores of kept tokens that stand for dropped ones (ToMe's
             proportional attention); False is the ablation without it.
         compute: how static regions get less work: ``reuse`` (their outputs, keys and values are reused between
@@ -55,6 +62,7 @@ class DASAConfig:
     low: float = 0.5
     dilate: int = 3
     scene_jump: float | None = 3.0
+    select: str = "dynamics"
     bias: bool = True
     compute: str = "reuse"
     refresh: int = 2
@@ -74,6 +82,7 @@ class DASAConfig:
             (self.dilate >= 1 and self.dilate % 2 == 1, f"dilate must be an odd size of 1 or more; got {self.dilate}"),
             (self.scene_jump is None or self.scene_jump > 1,
              f"scene_jump must be above 1 (a jump of the mean difference), or none; got {self.scene_jump}"),
+            (self.select in SELECTIONS, f"select must be one of {', '.join(SELECTIONS)}; got {self.select!r}"),
             (self.compute in COMPUTE_MODES, f"compute must be one of {', '.join(COMPUTE_MODES)}; got {self.compute!r}"),
             (self.refresh >= 1, f"refresh must be 1 or more (steps between static refreshes); got {self.refresh}"),
             (0 <= self.static_share <= 1, f"static_share must be in [0, 1]; got {self.static_share}"),

@@ -13,6 +13,9 @@ At each chunk commit, from the chunk's clean latents and the previous chunk's la
    a prompt switch (the pipeline re-caches), makes the chunk a keyframe: kept whole, computed fully, and the
    dynamics restart from it (section 4.5).
 
+``select="uniform"`` or ``"random"`` replaces steps 1-4 by a fixed strided or a random ``keep`` share of each frame
+(the peers "uniform or random token dropping" at the same budget; keyframes still apply).
+
 :class:`DynamicsTracker` holds that state for one run; its :attr:`~DynamicsTracker.dynamic` map (before a chunk is
 denoised: the previous chunk's dynamics) is also what region compute allocation reads.
 """
@@ -69,9 +72,10 @@ class DynamicsTracker:
     """
 
     def __init__(self, keep: float, threshold: float | None, ema: float, low: float, dilate_size: int,
-                 scene_jump: float | None):
+                 scene_jump: float | None, select: str = "dynamics"):
         self.keep, self.threshold, self.ema, self.low = keep, threshold, ema, low
-        self.dilate_size, self.scene_jump = dilate_size, scene_jump
+        self.dilate_size, self.scene_jump, self.select = dilate_size, scene_jump, select
+        self.frames_seen = 0  # seeds the random selection
         self.keyframes = 0
         self.scene_changes = 0
         self.reset()
@@ -94,6 +98,8 @@ class DynamicsTracker:
         if self._scene_change(scores.mean(dim=(1, 2)).tolist()):
             self.scene_changes += 1
             return self._keyframe(frames)
+        if self.select != "dynamics":
+            return self._selected(scores)
         masks: list[torch.Tensor | None] = []
         for score in dilate(scores, self.dilate_size):
             u = membership(score, self.keep, self.threshold)
@@ -104,6 +110,26 @@ class DynamicsTracker:
                 self.dynamic.view(-1)[self.smooth.argmax()] = True
             masks.append(self.dynamic.flatten().clone())
         masks[0] = None  # the anchor frame is kept whole
+        self.keyframe = False
+        return masks
+
+    def _selected(self, scores: torch.Tensor) -> list[torch.Tensor | None]:
+        """The peers' masks: ``ceil(keep * tokens)`` tokens per frame, evenly strided (``uniform``, shifted by one
+        place per frame so that every place is kept in turn) or drawn at random (``random``, seeded per frame)."""
+        n = scores[0].numel()
+        k = max(1, math.ceil(self.keep * n))
+        masks: list[torch.Tensor | None] = []
+        for _ in range(scores.shape[0]):
+            mask = torch.zeros(n, dtype=torch.bool)
+            if self.select == "uniform":
+                mask[(torch.floor(torch.arange(k) * (n / k)).long() + self.frames_seen) % n] = True
+            else:
+                gen = torch.Generator().manual_seed(self.frames_seen)
+                mask[torch.randperm(n, generator=gen)[:k]] = True
+            self.frames_seen += 1
+            masks.append(mask.to(scores.device))
+        self.dynamic = masks[-1].view_as(scores[0])
+        masks[0] = None
         self.keyframe = False
         return masks
 

@@ -89,7 +89,7 @@ class DASARun:
 
         c = self.config
         self.pipe, self.state = pipe, state
-        self.tracker = DynamicsTracker(c.keep, c.threshold, c.ema, c.low, c.dilate, c.scene_jump)
+        self.tracker = DynamicsTracker(c.keep, c.threshold, c.ema, c.low, c.dilate, c.scene_jump, c.select)
         self.frame_masks: dict[int, torch.Tensor | None] = {}
         self.previous: torch.Tensor | None = None
         self.chunk: _Chunk | None = None

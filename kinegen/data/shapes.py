@@ -426,3 +426,15 @@ def render_mask(spec: ClipSpec, frames: int = 17, height: int = 128, width: int 
         _draw_objects(spec, img, f / max(frames - 1, 1), lambda obj: 1.0)
         out[f] = img
     return out
+
+
+def render_long_mask(spec: ClipSpec, frames: int, height: int = 128, width: int = 128, start: int = 0,
+                     clip_frames: int = 17) -> np.ndarray:
+    """Object coverage float32 ``[frames, height, width]`` in [0, 1] aligned with :func:`render_long_clip`."""
+    _check_size(frames, height, width)
+    out = np.zeros((frames, height, width), np.float32)
+    for f in range(frames):
+        img = np.zeros((height, width), np.float32)
+        _draw_objects(spec, img, (start + f) / (clip_frames - 1), lambda obj: 1.0, long_trajectory)
+        out[f] = img
+    return out

@@ -58,8 +58,9 @@ class LayerKVCache:
     Whole frames (the plain cache): blocks of ``tokens_per_frame`` tokens, one per frame. A compressing accelerator
     (DASA, docs/dasa.md) appends a chunk's kept tokens with per-token metadata: ``token_frames`` (each token's own
     latent frame), ``token_last`` (the last frame it stands for: a kept token also represents the dropped duplicates
-    at its place in later frames of its chunk), ``token_pos`` (its place in the frame, ``h * width + w``). Such a
-    cache keeps ``bias``, log(number of the frames a token stands for that are still cached) per token, the additive
+    at its place in later frames of its chunk), ``token_pos`` (its place in the frame, ``h * width + w``) and, for
+    pooled tokens, ``token_weight`` (the places one stands for). Such a cache keeps ``bias``, log(number of the
+    frames a token stands for that are still cached, times its places) per token, the additive
     attention bias of ToMe's proportional attention (../shared/reference/autoregressive_dasa.md, section 4.1), or
     None while every token stands for itself; eviction stays by frame.
     """
@@ -71,6 +72,7 @@ class LayerKVCache:
         self.token_frames: torch.Tensor | None = None
         self.token_last: torch.Tensor | None = None
         self.token_pos: torch.Tensor | None = None
+        self.token_weight: torch.Tensor | None = None  # places a token stands for (a pooled one: several); None = 1
         self.bias: torch.Tensor | None = None
 
     def append(self, k: torch.Tensor, v: torch.Tensor, frames: list[int], token_frames: torch.Tensor | None = None,
@@ -83,6 +85,8 @@ class LayerKVCache:
                 self.token_frames, self.token_last, self.token_pos = _whole_frames(self.k.shape[1], self.frames,
                                                                                    k.device)
             cat = (lambda a, b: b if a is None else torch.cat([a, b]))
+            if self.token_weight is not None:  # new tokens each stand for one place
+                self.token_weight = cat(self.token_weight, torch.ones(len(token_frames), device=k.device))
             self.token_frames = cat(self.token_frames, token_frames)
             self.token_last = cat(self.token_last, token_last if token_last is not None else token_frames)
             self.token_pos = cat(self.token_pos, token_pos)
@@ -104,6 +108,8 @@ class LayerKVCache:
             idx = torch.nonzero(self._represented([self.frames[i] for i in keep]) > 0)[:, 0]
             self.token_frames, self.token_last, self.token_pos = (
                 t.index_select(0, idx) for t in (self.token_frames, self.token_last, self.token_pos))
+            if self.token_weight is not None:
+                self.token_weight = self.token_weight.index_select(0, idx)
         idx = idx.to(self.k.device)
         self.k, self.v = self.k.index_select(1, idx), self.v.index_select(1, idx)
         self.frames = [self.frames[i] for i in keep]
@@ -118,13 +124,15 @@ class LayerKVCache:
     def _rebias(self) -> None:
         if self.token_frames is None:
             return
-        counts = self._represented(self.frames)
-        self.bias = None if bool((counts == 1).all()) else counts.float().log()
+        counts = self._represented(self.frames).float()
+        if self.token_weight is not None:
+            counts = counts * self.token_weight
+        self.bias = None if bool((counts == 1).all()) else counts.log()
 
     def clear(self) -> None:
         self.k = self.v = None
         self.frames = []
-        self.token_frames = self.token_last = self.token_pos = self.bias = None
+        self.token_frames = self.token_last = self.token_pos = self.token_weight = self.bias = None
 
     @property
     def nbytes(self) -> int:

@@ -1,0 +1,300 @@
+"""DASA against the dense chunk-by-chunk pipeline and against its peers at equal KV budget, side by side in one run,
+and its dynamics masks against the procedural videos' moving objects (issue 21, item 2; benchmarks/dasa.md).
+
+    .venv/bin/python benchmarks/dasa.py rollouts --split held_out --prompts 3 --frames 241 \\
+        --distilled runs/dasa/pipeline --output benchmarks/results/dasa/rollouts_held_out.json
+    .venv/bin/python benchmarks/dasa.py masks --clips 8 --output benchmarks/results/dasa/masks.json
+
+``rollouts``: for each prompt (``adherence_prompts(n, split, seed=1)``, never used in training or tuning) every
+setting below generates the same video (seed = prompt index) by streaming (``pipe.stream``, each chunk decoded when
+committed); the settings run in a rotated order from prompt to prompt, so that drift of the machine's speed spreads
+over all of them. Per setting:
+
+- transformer seconds per chunk (denoising + commit, chunks after the first two, where DASA acts) and its speedup
+  over dense (the ratio of the sums); end-to-end seconds with decoding;
+- KV bytes after the last chunk and at most, against dense; the process's peak RSS over the rollout;
+- fidelity against the dense video of the same prompt and seed: PSNR (dB) and SSIM (kinegen.profiling.metrics);
+- adherence per 17-frame window (the reader of benchmarks/autoregressive_windows.py): shape, colour, motion.
+
+Settings: ``dense``; DASA at ``keep=0.3`` with each compute allocation (``reuse``, ``sparse``, ``steps``, ``none`` =
+KV compression only) and ``reuse`` at ``keep=0.2``; the peers at the KV budget DASA's ``compute=none`` reached on the
+same prompt: ``uniform`` and ``random`` token dropping (``select=``, their ``keep`` set so that the kept share is
+equal), dynamic-only without the log-count bias (``bias=false``), the rolling window alone (the dense pipeline with a
+window of the same bytes), and AnyFlow-FAR-style compressed history (``far-pool``: frames older than the recent ones
+pooled 2x2, :mod:`kinegen.dasa.peers`, with as many recent frames kept whole as gives the same bytes); with
+``--distilled``, the distilled model with DASA ``reuse``.
+
+``masks``: procedural long videos (held-out seeds) encoded with the model's VAE and cut into the pipeline's chunks;
+DASA's dynamics tracker reads them as the pipeline would at each commit. Ground truth per token and latent frame:
+an object covers any pixel of the token's 16x16 cell in the video frames the latent frame and the one before code
+(its motion's footprint). Reported: IoU of DASA's kept (dynamic) tokens with that footprint, with recall and
+precision, next to uniform and random selections that keep the same share of tokens on the same clip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+DASA_SETTINGS = {
+    "dasa-reuse": "keep=0.3,compute=reuse",
+    "dasa-sparse": "keep=0.3,compute=sparse",
+    "dasa-steps": "keep=0.3,compute=steps",
+    "dasa-kv-only": "keep=0.3,compute=none",
+    "dasa-reuse-keep0.2": "keep=0.2,compute=reuse",
+    "no-bias": "keep=0.3,compute=none,bias=false",
+}
+PEERS = ("uniform", "random", "window")
+
+
+def rollout(pipe, prompt: str, seed: int, frames: int, steps: int, guidance: float, size: int, spec=None,
+            window_frames=None, hook=None) -> dict:
+    """One streamed rollout with DASA ``spec`` (None: dense) or another chunk ``hook``; frames, per-chunk
+    seconds, KV bytes, peak RSS."""
+    import torch
+    from autoregressive_cost import PeakRSS
+
+    from kinegen.dasa import apply_dasa
+    from kinegen.dasa.config import DASAConfig
+    from kinegen.training.dasa import _dasa_config
+
+    handle = apply_dasa(pipe, _dasa_config(spec, DASAConfig)) if spec is not None else None
+    if hook is not None:
+        pipe.chunk_hooks = (hook,)
+    mem = PeakRSS()
+    try:
+        parts, chunks = [], []
+        t0 = time.perf_counter()
+        for chunk in pipe.stream(prompt, height=size, width=size, num_frames=frames, num_inference_steps=steps,
+                                 guidance_scale=guidance, window_frames=window_frames,
+                                 generator=torch.Generator().manual_seed(seed)):
+            st = chunk.stats
+            parts.append(chunk.frames)
+            chunks.append({"transformer_s": st.denoise_s + st.commit_s, "decode_s": chunk.decode_s,
+                           "kv_bytes": int(st.kv_bytes), "cached_frames": len(st.cached_frames)})
+        seconds = time.perf_counter() - t0
+        stats = handle.stats() if handle is not None else {}
+    finally:
+        mem.stop()
+        if handle is not None:
+            handle.remove()
+        if hook is not None:
+            del pipe.chunk_hooks
+    return {"frames": np.concatenate(parts), "chunks": chunks, "seconds": seconds, "peak_rss": mem.reset(),
+            "stats": {k: v for k, v in stats.items() if k != "chunks"},
+            "kept_share_per_chunk": [c["kept_share"] for c in stats.get("chunks", [])],
+            "keyframe_per_chunk": [c["keyframe"] for c in stats.get("chunks", [])]}
+
+
+def matched_keep(run: dict, chunk_frames: int) -> float:
+    """The ``keep`` at which uniform or random dropping keeps DASA's share: a chunk keeps its anchor frame whole
+    and ``keep`` of its ``chunk_frames - 1`` later frames, so kept = (1 + (cf - 1) keep) / cf."""
+    shares = [s for s, key in zip(run["kept_share_per_chunk"], run["keyframe_per_chunk"], strict=True) if not key]
+    kept = float(np.mean(shares)) if shares else 1.0
+    return float(np.clip((chunk_frames * kept - 1) / max(chunk_frames - 1, 1), 0.01, 1.0))
+
+
+def matched_window(pipe, dense_run: dict, run: dict) -> int:
+    """The rolling window (latent frames) whose dense KV bytes are closest to ``run``'s at its largest."""
+    last = dense_run["chunks"][-1]
+    per_frame = last["kv_bytes"] / last["cached_frames"]
+    target = max(c["kv_bytes"] for c in run["chunks"])
+    return int(max(pipe.config.chunk_frames + pipe.config.sink_frames, round(target / per_frame)))
+
+
+def matched_near(pipe, run: dict, dense_run: dict, factor: int = 2) -> int:
+    """Full-resolution recent frames of the far-pooling peer whose KV bytes at most come closest to ``run``'s: a
+    window of W frames with S sinks and N near frames holds S + N + (W - S - N) / factor^2 frames' worth."""
+    w, s = pipe.config.window_frames, pipe.config.sink_frames
+    ratio = max(c["kv_bytes"] for c in run["chunks"]) / max(c["kv_bytes"] for c in dense_run["chunks"])
+    cost = {n: (s + n + (w - s - n) / factor**2) / w for n in range(1, w - s + 1)}
+    return min(cost, key=lambda n: abs(cost[n] - ratio))
+
+
+def summarise(name: str, run: dict, dense: dict, truth: dict, classifier) -> dict:
+    from autoregressive_windows import window_scores
+
+    from kinegen.profiling.metrics import psnr, ssim
+
+    later = slice(2, None)  # the first chunk is one frame and the second has no history to compress yet
+    t = sum(c["transformer_s"] for c in run["chunks"][later])
+    t_dense = sum(c["transformer_s"] for c in dense["chunks"][later])
+    windows = window_scores(run["frames"], truth, classifier)
+    out = {"setting": name, "seconds": run["seconds"], "transformer_s_per_chunk": t / len(run["chunks"][later]),
+           "transformer_speedup": t_dense / t, "end_to_end_speedup": dense["seconds"] / run["seconds"],
+           "kv_bytes": run["chunks"][-1]["kv_bytes"], "kv_bytes_max": max(c["kv_bytes"] for c in run["chunks"]),
+           "kv_ratio": run["chunks"][-1]["kv_bytes"] / dense["chunks"][-1]["kv_bytes"],
+           "kv_ratio_max": max(c["kv_bytes"] for c in run["chunks"]) / max(c["kv_bytes"] for c in dense["chunks"]),
+           "peak_rss_mib": run["peak_rss"] / 2**20,
+           "psnr_db": psnr(dense["frames"], run["frames"]) if run is not dense else float("inf"),
+           "ssim": ssim(dense["frames"], run["frames"]) if run is not dense else 1.0,
+           "right": {a: float(np.mean([w[a] for w in windows])) for a in ("shape", "colour", "motion")},
+           "windows": windows, "stats": run["stats"]}
+    return out
+
+
+def cmd_rollouts(args) -> dict:
+    import kinegen
+    from kinegen.dasa.peers import FarHistoryPooling
+    from kinegen.evaluation.adherence import adherence_prompts, load_classifier
+
+    pipe = kinegen.load_pipeline(args.model)
+    pipe.set_progress_bar_config(disable=True)
+    distilled = None
+    if args.distilled:
+        distilled = kinegen.load_pipeline(args.distilled)
+        distilled.set_progress_bar_config(disable=True)
+    spec = pipe.kinegen_spec
+    steps, guidance, size = args.steps or spec.steps, spec.guidance, spec.height
+    cf = pipe.config.chunk_frames
+    classifier = load_classifier()
+    records = []
+    for i, (prompt, truth) in enumerate(adherence_prompts(args.prompts, args.split, seed=1)):
+        runs: dict[str, dict] = {}
+        def go(p, s=None, w=None, h=None, prompt=prompt, seed=i):
+            return rollout(p, prompt, seed, args.frames, steps, guidance, size, s, w, h)
+
+        # dense and DASA's KV-only run first (the peers' budgets come from them); the rest rotated per prompt
+        runs["dense"] = go(pipe)
+        runs["dasa-kv-only"] = go(pipe, DASA_SETTINGS["dasa-kv-only"])
+        keep = matched_keep(runs["dasa-kv-only"], cf)
+        window = matched_window(pipe, runs["dense"], runs["dasa-kv-only"])
+        near = matched_near(pipe, runs["dasa-kv-only"], runs["dense"])
+        jobs = {name: (pipe, s) for name, s in DASA_SETTINGS.items() if name != "dasa-kv-only"}
+        jobs["uniform"] = (pipe, f"select=uniform,keep={keep:.4f},compute=none")
+        jobs["random"] = (pipe, f"select=random,keep={keep:.4f},compute=none")
+        jobs["window"] = (pipe, None, window)
+        jobs["far-pool"] = (pipe, None, None, FarHistoryPooling(near_frames=near, factor=2))
+        if distilled is not None:
+            jobs["distilled-reuse"] = (distilled, DASA_SETTINGS["dasa-reuse"])
+        names = list(jobs)
+        names = names[i % len(names):] + names[:i % len(names)]
+        for name in names:
+            runs[name] = go(*jobs[name])
+            print(f"  {i + 1}/{args.prompts} {name}: {runs[name]['seconds']:.0f} s", flush=True)
+        rows = [summarise(name, runs[name], runs["dense"], truth, classifier) for name in ["dense", "dasa-kv-only",
+                                                                                           *jobs]]
+        for r in rows:
+            print(f"{i + 1}/{args.prompts} {prompt!r} {r['setting']:>18}: transformer x{r['transformer_speedup']:.2f}"
+                  f", kv {r['kv_ratio']:.0%}, {r['psnr_db']:.1f} dB, ssim {r['ssim']:.3f}, right "
+                  + ", ".join(f"{k} {v:.0%}" for k, v in r["right"].items()), flush=True)
+        records.append({"prompt": prompt, "truth": truth, "seed": i, "matched_keep": keep, "matched_window": window,
+                        "matched_near": near, "settings": rows})
+    names = [r["setting"] for r in records[0]["settings"]]
+    table = {}
+    for name in names:
+        rows = [next(r for r in rec["settings"] if r["setting"] == name) for rec in records]
+        table[name] = {k: float(np.mean([r[k] for r in rows])) for k in (
+            "transformer_speedup", "end_to_end_speedup", "transformer_s_per_chunk", "seconds", "kv_ratio",
+            "kv_ratio_max", "peak_rss_mib", "psnr_db", "ssim")}
+        table[name]["right"] = {a: float(np.mean([w[a] for r in rows for w in r["windows"]]))
+                                for a in ("shape", "colour", "motion")}
+    settings = {**DASA_SETTINGS, "uniform": "select=uniform,keep=<matched>,compute=none",
+                "random": "select=random,keep=<matched>,compute=none", "window": "dense, window_frames=<matched>",
+                "far-pool": "dense, frames older than <matched> recent ones pooled 2x2 (kinegen.dasa.peers)"}
+    if distilled is not None:
+        settings["distilled-reuse"] = f"{args.distilled} with {DASA_SETTINGS['dasa-reuse']}"
+    return {"model": args.model, "distilled": args.distilled, "split": args.split, "prompts": args.prompts,
+            "frames": args.frames, "steps": steps, "guidance": guidance, "size": size, "settings": settings,
+            "table": table, "videos": records}
+
+
+def cmd_masks(args) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    import kinegen
+    from kinegen.dasa.config import DASAConfig
+    from kinegen.dasa.dynamics import DynamicsTracker
+    from kinegen.data.shapes import render_long_clip, render_long_mask, sample_clip
+    from kinegen.pipelines.wan_ar import chunk_partition
+    from kinegen.training.vae import to_tensor
+
+    pipe = kinegen.load_pipeline(args.model)
+    vae, size = pipe.vae, pipe.kinegen_spec.height
+    patch = tuple(int(p) for p in pipe.transformer.config.patch_size[1:])
+    cell = pipe.vae_scale_factor_spatial * patch[0]
+    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+    c = DASAConfig()
+    results = {"dynamics": [], "uniform": [], "random": []}
+    for j in range(args.clips):
+        spec = sample_clip(9_000_000 + j, split="held_out")
+        clip = render_long_clip(spec, args.frames, size, size)
+        mask = torch.from_numpy(render_long_mask(spec, args.frames, size, size) > 0.05)
+        with torch.no_grad():
+            z = (vae.encode(to_tensor(clip[None])).latent_dist.mode() - mean) / std
+        # ground truth per latent frame f >= 1: object anywhere in video frames 4(f - 1) .. 4f, pooled to tokens
+        latent = z.shape[2]
+        truth = []
+        for f in range(latent):
+            lo, hi = max(0, 4 * (f - 1)), 4 * f + 1
+            foot = mask[lo:hi].any(0).float()[None, None]
+            truth.append(F.max_pool2d(foot, cell, cell)[0, 0].bool().flatten())
+        partition = chunk_partition(latent, pipe.config.chunk_frames, pipe.config.first_chunk_frames)
+        keep = c.keep
+        for select in results:  # dynamics first: the peers keep the share it kept on this clip
+            if select != "dynamics":
+                keep = float(np.mean([r["kept"] for r in results["dynamics"] if r["clip"] == j]))
+            tracker = DynamicsTracker(keep, c.threshold, c.ema, c.low, c.dilate, c.scene_jump, select=select)
+            start, previous = 0, None
+            for n in partition:
+                chunk = z[:, :, start:start + n]
+                masks = tracker.update(chunk, previous, patch)
+                for i, m in enumerate(masks):
+                    if m is not None and previous is not None:  # later frames of non-keyframe chunks
+                        t = truth[start + i]
+                        inter, union = int((m & t).sum()), int((m | t).sum())
+                        results[select].append({"clip": j, "frame": start + i, "iou": inter / max(union, 1),
+                                                "recall": inter / max(int(t.sum()), 1),
+                                                "precision": inter / max(int(m.sum()), 1),
+                                                "kept": float(m.float().mean()), "truth": float(t.float().mean())})
+                previous = chunk[:, :, -1:]
+                start += n
+        print(f"clip {j + 1}/{args.clips}: " + ", ".join(
+            f"{s} IoU {np.mean([r['iou'] for r in results[s] if r['clip'] == j]):.2f}" for s in results), flush=True)
+    table = {s: {k: float(np.mean([r[k] for r in rows])) for k in ("iou", "recall", "precision", "kept", "truth")}
+             for s, rows in results.items()}
+    return {"model": args.model, "clips": args.clips, "frames": args.frames, "dasa": "defaults (keep=0.3)",
+            "table": table, "frames_scored": {s: len(r) for s, r in results.items()}, "per_frame": results}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("rollouts", help="DASA, its compute options and the peers against dense, side by side")
+    r.add_argument("--model", default="kinegen-shapes-ar")
+    r.add_argument("--distilled", default=None, help="a `kinegen train dasa` export, run with DASA reuse")
+    r.add_argument("--split", default="held_out", choices=["train", "held_out"])
+    r.add_argument("--prompts", type=int, default=3)
+    r.add_argument("--frames", type=int, default=241)
+    r.add_argument("--steps", type=int, default=None, help="denoising steps per chunk (default: the model's)")
+    r.add_argument("--output", required=True)
+    m = sub.add_parser("masks", help="the dynamics masks against the moving objects (IoU)")
+    m.add_argument("--model", default="kinegen-shapes-ar")
+    m.add_argument("--clips", type=int, default=8)
+    m.add_argument("--frames", type=int, default=97)
+    m.add_argument("--output", required=True)
+    args = ap.parse_args(argv)
+
+    from kinegen.media import atomic_write_text
+
+    t0 = time.perf_counter()
+    out = cmd_rollouts(args) if args.cmd == "rollouts" else cmd_masks(args)
+    out = {"command": "python benchmarks/dasa.py " + " ".join(sys.argv[1:] if argv is None else argv),
+           "date": time.strftime("%Y-%m-%d %H:%M"), "seconds": time.perf_counter() - t0, **out}
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.output, json.dumps(out, indent=1, default=float))
+    print(json.dumps(out["table"], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
