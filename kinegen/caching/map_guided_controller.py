@@ -41,6 +41,7 @@ from ..accelerators.base import RunInfo, StepTracker
 from ..adapters import get_adapter
 from ..errors import ConfigError, FidelityWarning
 from ..models.map_predictor import features_of_call
+from ..parallel import decide_on_rank0
 from . import map_guided_reuse as reuse
 from . import planner as planners
 from .map_guided_config import MIN_BOUND_STEPS
@@ -56,6 +57,8 @@ HOOK_BLOCK = "kinegen_mapguided_block"
 # (seconds outside, seconds inside the blocks) of fully computed transformer calls, by model, token grid and
 # group size: shared by the runs of a process.
 _OVERHEADS: dict[tuple, list[tuple[float, float]]] = {}
+# what planning decides for a run (rank 0's, under --parallel)
+_PLAN_FIELDS = ("plan", "overhead_used", "capped_to", "bound", "warning", "chosen_speedup", "plan_s")
 
 
 @dataclasses.dataclass
@@ -238,8 +241,15 @@ class MapGuidedCache:
         run.predict_s = time.perf_counter() - t0
 
     def _plan(self, run: _RunState) -> None:
+        """The plan of the run (:meth:`_make_plan`). Under context parallelism (``--parallel``) rank 0 makes it and
+        every rank follows it (:func:`kinegen.parallel.decide_on_rank0`): the overhead each rank measures differs,
+        and ranks that disagreed on a block would wait for each other forever in its attention."""
+        for name, value in decide_on_rank0(self.transformer, lambda: self._make_plan(run)).items():
+            setattr(run, name, value)
+
+    def _make_plan(self, run: _RunState) -> dict[str, Any]:
         """The plan of the run: the fastest within the fidelity bound, or the requested speedup unless its
-        predicted error passes the bound (then the bound, with a warning)."""
+        predicted error passes the bound (then the bound, with a warning). Returns the fields it set."""
         t0 = time.perf_counter()
         overhead = self._overhead() or 0.0
         run.overhead_used = overhead
@@ -279,6 +289,7 @@ class MapGuidedCache:
                                                   overhead, weights)
         run.chosen_speedup = planners.transformer_speedup(run.plan, overhead)
         run.plan_s = time.perf_counter() - t0
+        return {name: getattr(run, name) for name in _PLAN_FIELDS}
 
     def _size_key(self, run: _RunState) -> tuple:
         return (self.info.model_key or id(self.transformer), run.grid, self.config.group_size)

@@ -3,12 +3,14 @@ for class-conditional GANs, a grid of images of the classes given with ``--class
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
 import warnings
 from pathlib import Path
 
+from ..parallel import PARALLEL_HELP
 from ..text import json_safe, settings_text, stat_items
 from .common import (
     EPILOG_ACCEL,
@@ -26,7 +28,7 @@ _GAN_ONLY = ("class_labels", "--class"), ("num_images", "--num-images"), ("trunc
 _TEXT_ONLY = ("cache", "--cache"), ("attention", "--attention"), ("heatmap", "--heatmap"), \
     ("negative_prompt", "--negative-prompt"), ("height", "--height"), ("width", "--width"), \
     ("frames", "--frames"), ("steps", "--steps"), ("guidance", "--guidance"), \
-    ("true_cfg_scale", "--true-cfg-scale"), ("image", "--image")
+    ("true_cfg_scale", "--true-cfg-scale"), ("image", "--image"), ("parallel", "--parallel")
 _GAN_DEFAULTS = {"num_images": 16, "truncation": 1.0, "upscale": 4}
 
 # The accelerators by kind, as `kinegen.accelerators.catalog.list_accelerators` lists them. Written out so that
@@ -71,6 +73,7 @@ def add_parser(subparsers) -> None:
     gen.add_argument("--heatmap", metavar="PNG",
                      help="with --cache mapguided: also write the run's TVMap and caching plan as a heatmap")
     gen.add_argument("--json", action="store_true", help="print the timing summary as JSON")
+    gen.add_argument("--parallel", metavar="ulysses=N|ring=N", help=PARALLEL_HELP)
     add_generation_flags(gen)
     add_loading_flags(gen)
     gen.set_defaults(func=run, model=DEFAULT_MODEL)
@@ -98,6 +101,11 @@ def _check_flags_for(spec, args) -> None:
 
 
 def run(args) -> int:
+    with contextlib.ExitStack() as stack:  # under --parallel: leaves the process group at the end
+        return _run(args, stack)
+
+
+def _run(args, stack: contextlib.ExitStack) -> int:
     from ..errors import ConfigError, FidelityWarning, PromptWarning
     from ..generation import GenerationRequest, prepare, run_job
     from ..loading import resolve_model
@@ -114,6 +122,7 @@ def run(args) -> int:
     # Building the request runs the checks that need no model (prompt, steps, sizes, seed): before loading.
     request = GenerationRequest(prompt=args.prompt, seed=args.seed, **request_fields(args))
     accelerators = accelerator_flags(args)
+    parallel = _parallel_flag(args, accelerators)
     if args.heatmap:
         if not any(acc.name == "mapguided" for acc, _ in accelerators):
             raise ConfigError("--heatmap shows Map-Guided Caching's map and plan; add --cache mapguided.")
@@ -122,21 +131,35 @@ def run(args) -> int:
         check_output_path(args.heatmap, "image")
     if spec is not None:  # check the output before spending time on loading
         check_output_path(_output(args, spec.kind), spec.kind)
+    main = True
+    if parallel is not None:  # every rank loads the model and runs the same call; rank 0 alone speaks and writes
+        main = _start_parallel(args, parallel, stack).is_main
+    if spec is not None and main:
         note = tiny_model_note(spec)
         if note:
             print(note, file=sys.stderr)
     pipe, load_s = load(args, resolved)
+    if parallel is not None:
+        from ..parallel import apply_parallel
+
+        apply_parallel(pipe, parallel)
     with warnings.catch_warnings():  # said once, as a `warning:` line before the run
         warnings.simplefilter("ignore", PromptWarning)
         job = prepare(pipe, request)  # the model's defaults filled in and checked against the loaded pipeline
-    for note in job.warnings:
+    if parallel is not None:
+        from ..parallel import check_run
+
+        check_run(pipe, accelerators, job.request)  # token count, backend, accelerators: before anything runs
+    for note in job.warnings if main else ():
         print(f"warning: {note}", file=sys.stderr)
     spec = job.spec
     output = check_output_path(_output(args, job.kind), job.kind)
-    pipe.set_progress_bar_config(leave=False, disable=None)
+    pipe.set_progress_bar_config(leave=False, disable=None if main else True)
     with warnings.catch_warnings(), _ChunkProgress(job) as bar:  # an accelerator's warning: printed once, below
         warnings.simplefilter("ignore", FidelityWarning)
         result = run_job(job, accelerators, **bar.callbacks())
+    if not main:
+        return 0
     t0 = time.perf_counter()
     result.save(output)
     write_s = time.perf_counter() - t0
@@ -149,6 +172,9 @@ def run(args) -> int:
         "transformer_calls": t["transformer_calls"], "accelerators": result.accelerators,
         "warnings": result.warnings,
     }
+    if parallel is not None:
+        summary["parallel"] = {"spec": str(parallel), "processes": parallel.degree,
+                               "timings": "rank 0's; every rank runs every stage, the transformer on its share"}
     if result.chunks:  # an autoregressive model: what each chunk cost
         from ..profiling.chunks import chunk_summary
 
@@ -163,6 +189,8 @@ def run(args) -> int:
         return 0
     what = f"{summary['frames']} frames, " if result.kind == "video" else ""
     print(f"wrote {output} ({what}{r.width}x{r.height}, {r.steps} steps, seed {r.seed})")
+    if parallel is not None:
+        print(f"parallel: --parallel {parallel}, {parallel.degree} processes (times below are rank 0's)")
     print(f"time: load {load_s:.2f} s | text encoder {t['text_encoder']:.2f} s | transformer {t['transformer']:.2f} s "
           f"({t['transformer_calls']} calls) | VAE decode {t['vae_decode']:.2f} s | other {t['other']:.2f} s | "
           f"generation total {t['total']:.2f} s | write {write_s:.2f} s")
@@ -179,6 +207,31 @@ def run(args) -> int:
     if "heatmap" in summary:
         print(f"wrote {args.heatmap} (TVMap and plan)")
     return 0
+
+
+def _parallel_flag(args, accelerators):
+    """``--parallel`` parsed (``None`` without it); refused without torchrun or with an accelerator that does not
+    work with it, before anything loads."""
+    if not getattr(args, "parallel", None):
+        return None
+    from ..parallel import ParallelSpec, check_accelerators, require_torchrun
+
+    spec = ParallelSpec.parse(args.parallel)
+    check_accelerators(spec, accelerators)
+    require_torchrun(spec, args.command)
+    return spec
+
+
+def _start_parallel(args, spec, stack: contextlib.ExitStack):
+    """Join torchrun's process group (left when the command ends); the model loads on this rank's device."""
+    from ..parallel import finish_distributed, init_distributed
+
+    run = init_distributed(spec, args.device, command=args.command)
+    stack.callback(finish_distributed)
+    args.device = run.device
+    if not run.is_main:
+        warnings.simplefilter("ignore")  # rank 0 says it
+    return run
 
 
 class _ChunkProgress:

@@ -60,7 +60,7 @@ def markdown_table(report: ProfileReport) -> str:
               f"report {s['psnr_cap_db']:.0f} dB. Speedups are ratios of medians from this run. LPIPS: {s['lpips']}. "
               f"Adherence: {s.get('adherence', 'not checked')}.",
               ""]
-    lines += _chunk_lines(report) + _refused_lines(report)
+    lines += _chunk_lines(report) + _parallel_lines(report) + _refused_lines(report)
     notes = [(r["config"], st) for r in report.runs for st in r.get("accelerator_stats") or []]
     if notes:
         lines += ["Accelerator stats (last timed run of each configuration):", ""]
@@ -89,6 +89,25 @@ def _chunk_lines(report: ProfileReport) -> list[str]:
         lines.append(f"| {r['config']} | {c['count']} | {t['mean']:.3f} ({t['first']:.3f} / {t['last']:.3f}) | "
                      f"{bytes_text(kv['first'])} / {bytes_text(kv['last'])} / {bytes_text(kv['max'])} | "
                      f"{ttff['median']:.3f} | {_fmt(c['frames_per_s'])} |")
+    return lines + [""]
+
+
+def _parallel_lines(report: ProfileReport) -> list[str]:
+    """Under ``--parallel``: every rank's medians and its share of time in communication (none otherwise)."""
+    p = report.parallel
+    if not p:
+        return []
+    lines = [f"Per rank (--parallel {p['spec']}: {p['processes']} processes, {p['layout']}, {p['backend']}); "
+             f"communication: {p['communication']}.", "",
+             "| config | rank | latency s | transformer s | transformer s per step | communication s "
+             "| communication share of transformer time | of latency |", "|---|---|---|---|---|---|---|---|"]
+    for r in report.runs:
+        for rank in p["ranks"]:
+            c = rank["configs"][r["config"]]
+            lines.append(f"| {r['config']} | {rank['rank']} | {c['latency_s']:.3f} | {c['transformer_s']:.3f} | "
+                         f"{c['transformer_s_per_step']:.4f} | {c['communication_s']:.3f} | "
+                         f"{_fmt(c['communication_share'], '.1%')} | "
+                         f"{_fmt(c.get('communication_share_of_latency'), '.1%')} |")
     return lines + [""]
 
 

@@ -28,6 +28,7 @@ import torch
 from ..accelerators.catalog import parse_specs
 from ..errors import ConfigError, InvalidRequestError
 from ..generation import GenerationRequest, prepare, run_job
+from ..parallel import check_run, comm_seconds, gather_to_main, is_main, parallel_spec_of, synchronized_meter
 from . import metrics as M
 
 DENSE = "dense"
@@ -133,11 +134,15 @@ class ProfileReport:
     fps: int = 16
     # configurations the model's family refuses, not run: [{"config": label, "reason": message}]
     refused: list[dict[str, str]] = dataclasses.field(default_factory=list)
+    # under `--parallel`: the spec and every rank's times and communication (:func:`_per_rank`); None otherwise
+    parallel: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = {"runs": self.runs, "settings": self.settings, "environment": self.environment}
         if self.refused:
             d["refused"] = self.refused
+        if self.parallel:
+            d["parallel"] = self.parallel
         return d
 
     def run(self, label: str) -> dict[str, Any]:
@@ -207,9 +212,11 @@ def environment(pipe) -> dict[str, Any]:
     return env
 
 
-def _split_refused(configs: list[ProfileConfig], adapter) -> tuple[list[ProfileConfig], list[dict[str, str]]]:
+def _split_refused(configs: list[ProfileConfig], adapter,
+                   pipe=None) -> tuple[list[ProfileConfig], list[dict[str, str]]]:
     """The configurations whose accelerators apply to the model's family, and the others with the reason (an
-    autoregressive model refuses step caches and whole-sequence sparse attention): reported, not run."""
+    autoregressive model refuses step caches and whole-sequence sparse attention; under ``--parallel``, accelerators
+    whose decisions would differ between ranks): reported, not run."""
     from ..adapters import check_supports
 
     kept, refused = [], []
@@ -217,6 +224,8 @@ def _split_refused(configs: list[ProfileConfig], adapter) -> tuple[list[ProfileC
         try:
             for acc, _ in c.parsed:
                 check_supports(adapter, acc)
+            if pipe is not None:
+                check_run(pipe, c.parsed)
         except ConfigError as e:
             refused.append({"config": c.label, "reason": str(e)})
         else:
@@ -243,6 +252,10 @@ def profile(pipe, prompts: list[str] | str, configs: list[str | ProfileConfig], 
         output_dir: where to write report.json, report.md, plots and the side-by-side video.
         progress: ``fn(done, total, label)`` called after each run.
         **request_fields: generation settings shared by all runs (height, width, frames, steps, guidance, ...).
+
+    Under ``--parallel`` (:func:`kinegen.parallel.apply_parallel` applied to ``pipe``) every rank calls this with
+    the same arguments and runs every configuration in the same order; each timed run also measures the time this
+    rank spent in collectives; the report gets every rank's figures (``report.parallel``) and only rank 0 writes it.
     """
     if isinstance(pipe, (str, os.PathLike)):
         from ..loading import load_pipeline
@@ -256,8 +269,13 @@ def profile(pipe, prompts: list[str] | str, configs: list[str | ProfileConfig], 
     parsed = [c if isinstance(c, ProfileConfig) else parse_config(c) for c in configs]
     jobs = [prepare(pipe, GenerationRequest(prompt=p, seed=s, **request_fields))
             for p in prompts for s in range(seeds)]
-    all_configs, refused = _split_refused(_unique_labels([ProfileConfig(DENSE)] + parsed), jobs[0].adapter)
-    if output_dir is not None:  # fail on an unwritable folder before hours of work
+    split = parallel_spec_of(pipe)
+    if split is not None:
+        check_run(pipe, (), jobs[0].request)  # a token count the ranks cannot split fails every configuration
+    all_configs, refused = _split_refused(_unique_labels([ProfileConfig(DENSE)] + parsed), jobs[0].adapter,
+                                          pipe if split is not None else None)
+    main = is_main()
+    if output_dir is not None and main:  # fail on an unwritable folder before hours of work
         out = Path(output_dir)
         if out.exists() and not out.is_dir():
             raise InvalidRequestError(f"The output folder {out} is a file; give a folder for the report.")
@@ -274,32 +292,35 @@ def profile(pipe, prompts: list[str] | str, configs: list[str | ProfileConfig], 
         if progress is not None:
             progress(done, total, label)
 
-    samples = {c.label: {"latency": [], "transformer": [], "memory": [], "calls": [], "stats": None, "chunks": []}
-               for c in all_configs}
+    samples = {c.label: {"latency": [], "transformer": [], "memory": [], "calls": [], "stats": None, "chunks": [],
+                         "comm": []} for c in all_configs}
     frames: dict[tuple[str, int], np.ndarray] = {}
 
-    for c in all_configs:
-        for _ in range(warmup):
-            run_job(jobs[0], c.parsed)
-            tick(c.label)
-    for rep in range(repeats):
-        for ri, job in enumerate(jobs):
-            shift = (rep + ri) % len(all_configs)
-            for c in all_configs[shift:] + all_configs[:shift]:
-                with PeakMemory(device) as mem:
-                    t0 = time.perf_counter()
-                    result = run_job(job, c.parsed)
-                    latency = time.perf_counter() - t0
-                s = samples[c.label]
-                s["latency"].append(latency)
-                s["transformer"].append(result.timings["transformer"])
-                s["memory"].append(mem.peak_mb)
-                s["calls"].append(result.timings["transformer_calls"])
-                s["stats"] = result.accelerators
-                if result.chunks:  # an autoregressive model: what each chunk cost
-                    s["chunks"].append((ri, latency, result.chunks))
-                frames.setdefault((c.label, ri), result.frames)
+    # under --parallel on a GPU, synchronise around collectives: their time, not their launch
+    with synchronized_meter(split is not None and device.type == "cuda"):
+        for c in all_configs:
+            for _ in range(warmup):
+                run_job(jobs[0], c.parsed)
                 tick(c.label)
+        for rep in range(repeats):
+            for ri, job in enumerate(jobs):
+                shift = (rep + ri) % len(all_configs)
+                for c in all_configs[shift:] + all_configs[:shift]:
+                    with PeakMemory(device) as mem:
+                        t0, c0 = time.perf_counter(), comm_seconds()
+                        result = run_job(job, c.parsed)
+                        latency, comm = time.perf_counter() - t0, comm_seconds() - c0
+                    s = samples[c.label]
+                    s["comm"].append(comm)
+                    s["latency"].append(latency)
+                    s["transformer"].append(result.timings["transformer"])
+                    s["memory"].append(mem.peak_mb)
+                    s["calls"].append(result.timings["transformer_calls"])
+                    s["stats"] = result.accelerators
+                    if result.chunks:  # an autoregressive model: what each chunk cost
+                        s["chunks"].append((ri, latency, result.chunks))
+                    frames.setdefault((c.label, ri), result.frames)
+                    tick(c.label)
 
     readings = _adherence_readings(jobs[0].spec, frames)
     dense_latency = statistics.median(samples[DENSE]["latency"])
@@ -344,9 +365,34 @@ def profile(pipe, prompts: list[str] | str, configs: list[str | ProfileConfig], 
                       f"not checked: no evaluator ships for {spec.name}"),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    per_rank = None if split is None else _per_rank(split, samples, first.steps)
     report = ProfileReport(runs=runs, settings=settings, environment=environment(pipe),
                            outputs={c.label: frames[(c.label, 0)] for c in all_configs},
-                           kind=spec.kind, fps=spec.fps, refused=refused)
-    if output_dir is not None:
+                           kind=spec.kind, fps=spec.fps, refused=refused, parallel=per_rank)
+    if output_dir is not None and main:
         report.save(output_dir)
     return report
+
+
+def _per_rank(split, samples: dict[str, dict], steps: int) -> dict[str, Any] | None:
+    """Every rank's medians per configuration (gathered on rank 0; ``None`` on the others): latency, transformer
+    time and its share per denoising step, and the time in collectives during the run (all-to-all, all-gather,
+    broadcast; waiting for the slower rank included) as a share of the transformer's time (the collectives all run
+    inside transformer calls; a warm-up-less run of ``mapguided:map=recorded`` also counts its recording run's)
+    and of the latency."""
+    import torch.distributed as dist
+
+    mine = {}
+    for label, s in samples.items():
+        tr, comm = statistics.median(s["transformer"]), statistics.median(s["comm"])
+        latency = statistics.median(s["latency"])
+        mine[label] = {"latency_s": latency, "transformer_s": tr, "transformer_s_per_step": tr / steps,
+                       "communication_s": comm, "communication_share": comm / tr if tr > 0 else None,
+                       "communication_share_of_latency": comm / latency if latency > 0 else None}
+    ranks = gather_to_main({"rank": dist.get_rank(), "configs": mine})
+    if ranks is None:
+        return None
+    return {"spec": str(split), "processes": split.degree, "layout": split.layout, "backend": dist.get_backend(),
+            "communication": "seconds inside collectives (all-to-all, all-gather, broadcast, all-reduce), from the "
+                             "call until the result is there: waiting for the slower rank is included",
+            "ranks": ranks}

@@ -27,6 +27,8 @@ import math
 
 import torch
 
+from ..parallel import mean_over_heads
+
 # ---------------------------------------------------------------------------- window geometry
 
 
@@ -277,8 +279,9 @@ def refine(x: torch.Tensor, state: ClusterState, grid, window, per_window: int, 
     wg = window_grid(tuple(grid), tuple(window))
     B, Hh, N, _ = x.shape
     m = max(1, int(round(fraction * N)))
-    # One shared subset keeps the kernel's gather regular: the tokens least certain on average over heads.
-    tokens = state.margin.float().mean(dim=(0, 1)).topk(m, largest=False).indices.sort().values
+    # One shared subset keeps the kernel's gather regular: the tokens least certain on average over heads (over
+    # every rank's heads when --parallel ulysses=N split them, so that N ranks pick what one device picks).
+    tokens = mean_over_heads(state.margin).topk(m, largest=False).indices.sort().values
     a = assign_fn(x, state.centroids, wg, per_window, tokens)
     labels = state.labels.clone()
     margin = state.margin.clone()
