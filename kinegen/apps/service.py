@@ -9,6 +9,11 @@ Concurrency: Gradio's queue bounds how many runs execute at once (``AppConfig.co
 shared by every generate, GAN and profile event) and how many may wait (``max_queue``). On
 top of that each loaded pipeline has a lock, because accelerators install hooks on the shared
 pipeline for the duration of a run.
+
+Where a generation runs is the service's *runner*: :class:`LocalRunner` (``kinegen app``: the models load in
+this process) or :class:`kinegen.serve.client.RemoteRunner` (``kinegen serve``'s front end: each generation is
+an HTTP request to the Ray Serve backend, whose replicas run it with a :class:`LocalRunner` of their own). The
+rules around a run (validation, the rate limit, output files, history) stay here, the same for both.
 """
 
 from __future__ import annotations
@@ -102,6 +107,32 @@ class RateLimiter:
                                           f"server; try again in {wait:.0f} s.")
             runs.append(now)
 
+    def refund(self, user: str) -> None:
+        """Give back ``user``'s latest run (one the backend turned away before it ran)."""
+        if self.per_minute <= 0:
+            return
+        with self._lock:
+            if self._runs[user]:
+                self._runs[user].pop()
+
+
+def check_bounds(config: AppConfig, request) -> None:
+    """The server's own bounds (``config``'s ``max_*``), on top of what the model accepts (a ``GenerationRequest``
+    checks the model-free rules itself when it is built)."""
+    c = config
+    for name, text in (("prompt", request.prompt), ("negative prompt", request.negative_prompt or "")):
+        if len(text) > c.max_prompt_chars:
+            raise InvalidRequestError(f"The {name} has {len(text)} characters; this server accepts up to "
+                                      f"{c.max_prompt_chars}.")
+    for name in ("height", "width"):
+        v = getattr(request, name)
+        if v is not None and v > c.max_side:
+            raise InvalidRequestError(f"{name} {v} is above this server's limit of {c.max_side} pixels.")
+    if request.frames is not None and request.frames > c.max_frames:
+        raise InvalidRequestError(f"{request.frames} frames is above this server's limit of {c.max_frames}.")
+    if request.steps is not None and request.steps > c.max_steps:
+        raise InvalidRequestError(f"{request.steps} steps is above this server's limit of {c.max_steps}.")
+
 
 def _accelerators_text(entry: dict[str, Any]) -> str:
     """The History table's accelerators cell: a generation's specs (or "dense"), a profile's configurations (one
@@ -155,37 +186,35 @@ class PartialVideo:
             shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _stamp() -> str:
-    """A time stamp plus a short random part: two runs finishing in the same second never share a name."""
-    return f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+@dataclasses.dataclass
+class RunOutput:
+    """What a runner hands back for one generation request.
+
+    Attributes:
+        result: the run: ``kind``, ``request`` (the model's defaults filled in), ``timings``, ``accelerators``
+            (each accelerator's stats), ``warnings``, ``chunks`` and ``save(path)`` (writes the output atomically):
+            a :class:`~kinegen.generation.GenerationResult`, or the remote runner's copy of one.
+        dense: the dense run of the same request (``compare``), or None.
+        psnr_db: the accelerated output's PSNR against the dense one (with ``dense``).
+        extra: where it ran, for the history (the remote runner: the backend's replica and attempts).
+    """
+
+    result: Any
+    dense: Any = None
+    psnr_db: float | None = None
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-class Service:
-    """Loads each model once, runs requests against it one at a time, and keeps the history."""
+class LocalRunner:
+    """Runs generations in this process: each offered model loads once (on first use) and is reused, one run at a
+    time per model. ``kinegen app`` uses it, and so does each replica of ``kinegen serve``'s backend."""
+
+    local = True
 
     def __init__(self, config: AppConfig):
         self.config = config
-        self.output_dir = config.output_dir.resolve()
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        self.limiter = RateLimiter(config.rate_limit)
-        self._locks: dict[str, threading.Lock] = collections.defaultdict(threading.Lock)
-        self._load_lock = threading.Lock()
-        self._history_lock = threading.Lock()
-        self.history: collections.deque = collections.deque(maxlen=config.history_size)
-        self._read_history()
-        self._remove_stale_previews()
-
-    def _remove_stale_previews(self, older_than_s: float = 3600.0) -> None:
-        """Remove preview folders a killed server left behind (a live run writes to its folder every chunk, so
-        one untouched for an hour belongs to no run, even where two servers share the output folder)."""
-        now = time.time()
-        for folder in self.output_dir.glob(".partial-*"):
-            with contextlib.suppress(OSError):
-                if folder.is_dir() and now - folder.stat().st_mtime > older_than_s:
-                    shutil.rmtree(folder, ignore_errors=True)
-                    log.info("removed a stale preview folder %s", folder)
-
-    # ------------------------------------------------------------------ models
+        self.locks: dict[str, threading.Lock] = collections.defaultdict(threading.Lock)
+        self.load_lock = threading.Lock()
 
     def pipeline(self, model: str, kind: str = "text"):
         """The loaded pipeline for an offered model (loaded on first use, then reused)."""
@@ -195,7 +224,7 @@ class Service:
                                       f"{', '.join(offered)}.")
         from ..loading import load_pipeline
 
-        with self._load_lock:  # two first requests must not load the same model twice
+        with self.load_lock:  # two first requests must not load the same model twice
             pipe = load_pipeline(model, cache=True)
         pipe.set_progress_bar_config(disable=True)
         return pipe
@@ -214,8 +243,8 @@ class Service:
         return d
 
     def frame_counts(self, model: str) -> list[int]:
-        """The frame counts up to ``max_frames`` that ``model`` accepts at its default size (an autoregressive
-        model takes only those that split into its chunks), as its adapter checks them. Loads the model."""
+        """The frame counts up to ``max_frames`` that ``model`` accepts at its default size, as its adapter checks
+        them. Loads the model."""
         from ..errors import KinegenError
         from ..generation import GenerationRequest, prepare
 
@@ -230,6 +259,91 @@ class Service:
                 continue
             counts.append(frames)
         return counts
+
+    def run(self, model: str, request, accelerators: list[str], *, compare: bool = False, check=None, admit=None,
+            refund=None, step_callback=None, chunk_callback=None, cancel: threading.Event | None = None) -> RunOutput:
+        """Resolve ``request`` against the model (its defaults filled in, its rules checked), ``check`` the filled
+        request (the server's bounds), ``admit`` it (the rate limit), then run it (and, with ``compare`` and
+        accelerators, the dense baseline) while holding the model. ``refund`` is for runners that learn of a refusal
+        after ``admit``; this one never needs it."""
+        from ..generation import prepare, run_job
+        from ..profiling import metrics
+
+        pipe = self.pipeline(model)
+        with warnings.catch_warnings():  # the page shows them (result.warnings); the log needs no copy
+            warnings.simplefilter("ignore", PromptWarning)
+            job = prepare(pipe, request)
+        if check is not None:
+            check(job.request)  # the model's defaults filled in, bounds again
+        if admit is not None:
+            admit()
+        with self.locks[model]:  # run_job turns running out of memory into one message, lock released
+            _stop_when_set(cancel)()  # cancelled while it waited for the model: do not start
+            result = run_job(job, accelerators, step_callback=step_callback, chunk_callback=chunk_callback)
+            dense = None
+            if compare and accelerators:
+                _stop_when_set(cancel)()
+                dense = run_job(job, step_callback=_stop_when_set(cancel))
+        psnr = None if dense is None else metrics.psnr(dense.frames, result.frames)
+        return RunOutput(result=result, dense=dense, psnr_db=psnr)
+
+
+def _stamp() -> str:
+    """A time stamp plus a short random part: two runs finishing in the same second never share a name."""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+class Service:
+    """Loads each model once, runs requests against it one at a time, and keeps the history.
+
+    ``runner`` decides where generations run: a :class:`LocalRunner` on ``config`` (the default: ``kinegen app``),
+    or a remote one (``kinegen serve``'s front end). GAN grids and profiles run only with a local runner.
+    """
+
+    def __init__(self, config: AppConfig, runner=None):
+        self.config = config
+        self.runner = runner if runner is not None else LocalRunner(config)
+        self.output_dir = config.output_dir.resolve()
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.limiter = RateLimiter(config.rate_limit)
+        self._history_lock = threading.Lock()
+        self.history: collections.deque = collections.deque(maxlen=config.history_size)
+        self._read_history()
+        self._remove_stale_previews()
+
+    @property
+    def _locks(self) -> dict[str, threading.Lock]:
+        """One lock per loaded model (a local runner's)."""
+        return self.runner.locks
+
+    @property
+    def _load_lock(self) -> threading.Lock:
+        return self.runner.load_lock
+
+    def _remove_stale_previews(self, older_than_s: float = 3600.0) -> None:
+        """Remove preview folders a killed server left behind (a live run writes to its folder every chunk, so
+        one untouched for an hour belongs to no run, even where two servers share the output folder)."""
+        now = time.time()
+        for folder in self.output_dir.glob(".partial-*"):
+            with contextlib.suppress(OSError):
+                if folder.is_dir() and now - folder.stat().st_mtime > older_than_s:
+                    shutil.rmtree(folder, ignore_errors=True)
+                    log.info("removed a stale preview folder %s", folder)
+
+    # ------------------------------------------------------------------ models
+
+    def pipeline(self, model: str, kind: str = "text"):
+        """The loaded pipeline for an offered model (loaded on first use, then reused)."""
+        return self.runner.pipeline(model, kind)
+
+    def model_defaults(self, model: str) -> dict[str, Any]:
+        """The model's default settings (and ``autoregressive: True`` for a chunk-by-chunk model)."""
+        return self.runner.model_defaults(model)
+
+    def frame_counts(self, model: str) -> list[int]:
+        """The frame counts up to ``max_frames`` that ``model`` accepts at its default size (an autoregressive
+        model takes only those that split into its chunks), as its adapter checks them. Loads the model."""
+        return self.runner.frame_counts(model)
 
     def partial_video(self, model: str) -> PartialVideo:
         """A writer of a chunk-by-chunk run's growing preview (see :class:`PartialVideo`), at the model's frame rate
@@ -251,19 +365,7 @@ class Service:
     def check_request(self, request) -> None:
         """The server's own bounds, on top of what the model accepts (a ``GenerationRequest`` checks the
         model-free rules itself when it is built)."""
-        c = self.config
-        for name, text in (("prompt", request.prompt), ("negative prompt", request.negative_prompt or "")):
-            if len(text) > c.max_prompt_chars:
-                raise InvalidRequestError(f"The {name} has {len(text)} characters; this server accepts up to "
-                                          f"{c.max_prompt_chars}.")
-        for name in ("height", "width"):
-            v = getattr(request, name)
-            if v is not None and v > c.max_side:
-                raise InvalidRequestError(f"{name} {v} is above this server's limit of {c.max_side} pixels.")
-        if request.frames is not None and request.frames > c.max_frames:
-            raise InvalidRequestError(f"{request.frames} frames is above this server's limit of {c.max_frames}.")
-        if request.steps is not None and request.steps > c.max_steps:
-            raise InvalidRequestError(f"{request.steps} steps is above this server's limit of {c.max_steps}.")
+        check_bounds(self.config, request)
 
     @staticmethod
     def accelerator_specs(cache: str | None, cache_options: str = "", attention: str | None = None,
@@ -290,35 +392,23 @@ class Service:
         Returns the output paths, timings, accelerator stats and (compare) speedup and PSNR against dense; for an
         autoregressive model also ``chunks`` (one dict per chunk: transformer seconds, KV bytes, when its frames
         were ready, ...), and ``chunk_callback(done, total, frames_so_far)`` follows the video as it grows
-        (:func:`kinegen.generation.run_job`).
+        (:func:`kinegen.generation.run_job`; a local runner only).
         Once ``cancel`` is set (the page's run was cancelled or its client left), the run stops at its next
         denoising step, or does not start if it is still waiting for the model, with :class:`RunCancelled`; an
         exception from ``step_callback`` stops it the same way. A stopped run writes and records nothing, and the
         model is free for the next request. Running out of memory is an :class:`~kinegen.errors.OutOfMemory`
         that says what to try.
         """
-        from ..generation import prepare, run_job
-        from ..profiling import metrics
-
         self.check_request(request)
         accelerators = list(accelerators)
-        pipe = self.pipeline(model)
-        with warnings.catch_warnings():  # the page shows them (out["warnings"]); the log needs no copy
-            warnings.simplefilter("ignore", PromptWarning)
-            job = prepare(pipe, request)
-        request = job.request
-        self.check_request(request)  # the model's defaults filled in, bounds again
         if cancel is not None:
             step_callback = _stop_when_set(cancel, step_callback)
             chunk_callback = _stop_when_set(cancel, chunk_callback)
-        self.limiter.check(user)
-        with self._locks[model]:  # run_job turns running out of memory into one message, lock released
-            _stop_when_set(cancel)()  # cancelled while it waited for the model: do not start
-            result = run_job(job, accelerators, step_callback=step_callback, chunk_callback=chunk_callback)
-            dense = None
-            if compare and accelerators:
-                _stop_when_set(cancel)()
-                dense = run_job(job, step_callback=_stop_when_set(cancel))
+        ran = self.runner.run(model, request, accelerators, compare=compare, check=self.check_request,
+                              admit=lambda: self.limiter.check(user), refund=lambda: self.limiter.refund(user),
+                              step_callback=step_callback, chunk_callback=chunk_callback, cancel=cancel)
+        result, dense = ran.result, ran.dense
+        request = result.request
         stem = f"{_stamp()}-{slug(request.prompt, 40)}-seed{request.seed}"
         ext = ".mp4" if result.kind == "video" else ".png"
         out: dict[str, Any] = {"output": str(result.save(self.output_dir / f"{stem}{ext}")),
@@ -332,7 +422,7 @@ class Service:
             out["dense_timings"] = dense.timings
             out["speedup"] = dense.timings["total"] / max(result.timings["total"], 1e-9)
             out["transformer_speedup"] = dense.timings["transformer"] / max(result.timings["transformer"], 1e-9)
-            out["psnr_db"] = metrics.psnr(dense.frames, result.frames)
+            out["psnr_db"] = ran.psnr_db
         for st in result.accelerators:
             if st.get("map") and st.get("plan"):
                 out["heatmap"] = save_heatmap(self.output_dir / f"{stem}-plan.png", st["map"], st["plan"],
@@ -341,9 +431,10 @@ class Service:
             if st.get("block_pattern") is not None:
                 out["block_pattern"] = save_block_pattern(self.output_dir / f"{stem}-blocks.png",
                                                           st["block_pattern"], st.get("density"))
+        out.update(ran.extra)  # where it ran (the remote runner: the backend's replica)
         self._remember({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "type": "generate", "user": user,
                         "model": model, "request": out["request"], "accelerators": accelerators,
-                        "output": out["output"], "total_s": result.timings["total"]})
+                        "output": out["output"], "total_s": result.timings["total"], **ran.extra})
         return out
 
     def generate_gan(self, model: str, classes, num_images: int, seed: int, truncation: float,

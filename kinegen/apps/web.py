@@ -73,12 +73,13 @@ def _wire_history_select(svc: Service, tabs, history_tab: "history.HistoryTab", 
 
 
 def launch_app(config: AppConfig, *, host: str = "127.0.0.1", port: int | None = None,
-               prevent_thread_lock: bool = False, **launch_kwargs):
-    """Build the app, enable Gradio's queue with the configured limits, and launch it."""
+               prevent_thread_lock: bool = False, service: Service | None = None, **launch_kwargs):
+    """Build the app, enable Gradio's queue with the configured limits, and launch it. ``service`` defaults to a
+    local one on ``config``; ``kinegen serve``'s front end passes one whose runner is its Ray Serve backend."""
     import os
 
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # no calls home from a private server
-    app = build_app(config)
+    app = build_app(config, service)
     app.queue(max_size=config.max_queue, default_concurrency_limit=config.concurrency)
     app.launch(server_name=host, server_port=port, auth=config.auth, allowed_paths=[str(config.output_dir.resolve())],
                prevent_thread_lock=prevent_thread_lock, show_error=True, max_file_size="10mb", css=CSS,

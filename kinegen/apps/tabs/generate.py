@@ -179,7 +179,8 @@ def build(ctx: TabContext) -> GenerateTab:
 
         def work():
             try:
-                pipe_box["pipe"] = svc.pipeline(model_)
+                if svc.runner.local:  # a remote runner's pipeline is on the backend: no latents previews
+                    pipe_box["pipe"] = svc.pipeline(model_)
                 out = svc.generate(model_, req, specs, compare=bool(compare_), user=user_name(request),
                                    step_callback=on_step, chunk_callback=grown.on_chunk(events), cancel=cancel)
                 events.put(("done", out))

@@ -25,7 +25,8 @@ def build(ctx: TabContext) -> ProfileTab:
     text_models = ctx.text_models
     d = svc.model_defaults(text_models[0]) if text_models else {}
 
-    with gr.Tab("Profile", id=TAB_ID):
+    # Profiling needs the models in this process: shown for a local runner only (not kinegen serve's front end).
+    with gr.Tab("Profile", id=TAB_ID, visible=svc.runner.local):
         with gr.Row():
             with gr.Column():
                 model = gr.Dropdown(text_models, value=text_models[0] if text_models else None, label="Model")
