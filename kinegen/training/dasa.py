@@ -212,7 +212,7 @@ def export_distilled(folder: Path, pipe, init: str, cfg, step: int) -> Path:
     pipe.save_pretrained(folder, safe_serialization=True)
     write_generation_defaults(folder, **_init_defaults(init))
     recipe = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("max_minutes", "checkpoint_every")}
-    atomic_write_text(folder / "distill.json", json.dumps({**recipe, "init": init, "trained_steps": step},
-                                                          indent=2) + "\n")
+    recipe.update(init=cfg.init or "kinegen-shapes-ar (bundled)", trained_steps=step)
+    atomic_write_text(folder / "distill.json", json.dumps(recipe, indent=2) + "\n")
     print(f"saved pipeline to {folder}", flush=True)
     return folder
