@@ -96,6 +96,8 @@ def main(argv=None) -> int:
     ap.add_argument("--guidance", type=float, default=None, help="--method ar: guidance scale (default: the model's)")
     ap.add_argument("--prompt-seed", type=int, default=1,
                     help="prompts: adherence_prompts(n, split, seed=this); 1 = the benchmark's, others for tuning")
+    ap.add_argument("--vae", default=None, help="decode with this VAE folder instead of the model's (one with the "
+                                                "same encoder and latent statistics, e.g. a decoder-only fine-tune)")
     ap.add_argument("--output", required=True)
     ap.add_argument("--videos", default=None, help="also save each video here (uint8 .npz), to read it again")
     args = ap.parse_args(argv)
@@ -106,6 +108,15 @@ def main(argv=None) -> int:
 
     pipe = kinegen.load_pipeline(args.model)
     pipe.set_progress_bar_config(disable=True)
+    if args.vae:
+        from diffusers import AutoencoderKLWan
+
+        vae = AutoencoderKLWan.from_pretrained(args.vae, use_safetensors=True).eval()
+        stats = ("latents_mean", "latents_std")
+        if any(list(getattr(vae.config, k)) != list(getattr(pipe.vae.config, k)) for k in stats):
+            raise SystemExit(f"--vae {args.vae}: its latent statistics differ from the model's VAE; it would decode "
+                             "other latents")
+        pipe.vae = vae
     classifier = load_classifier()
     records = []
     for i, (prompt, truth) in enumerate(adherence_prompts(args.prompts, args.split, seed=args.prompt_seed)):
@@ -137,7 +148,7 @@ def main(argv=None) -> int:
     readings = [w["reading"] for r in records for w in r["windows"]]
     summary = {
         "command": "python benchmarks/autoregressive_windows.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "date": time.strftime("%Y-%m-%d %H:%M"), "model": args.model, "method": args.method,
+        "date": time.strftime("%Y-%m-%d %H:%M"), "model": args.model, "vae": args.vae, "method": args.method,
         "history": args.history if args.method == "window-extend" else None, "frames": args.frames,
         "guidance": args.guidance, "prompt_seed": args.prompt_seed,
         "split": args.split, "prompts": args.prompts, "windows_per_video": n,
