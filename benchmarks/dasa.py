@@ -110,11 +110,12 @@ def matched_window(pipe, dense_run: dict, run: dict) -> int:
 
 
 def matched_near(pipe, run: dict, dense_run: dict, factor: int = 2) -> int:
-    """Full-resolution recent frames of the far-pooling peer whose KV bytes at most come closest to ``run``'s: a
-    window of W frames with S sinks and N near frames holds S + N + (W - S - N) / factor^2 frames' worth."""
-    w, s = pipe.config.window_frames, pipe.config.sink_frames
-    ratio = max(c["kv_bytes"] for c in run["chunks"]) / max(c["kv_bytes"] for c in dense_run["chunks"])
-    cost = {n: (s + n + (w - s - n) / factor**2) / w for n in range(1, w - s + 1)}
+    """Full-resolution recent frames of the far-pooling peer whose KV bytes at most come closest to ``run``'s. Bytes
+    are read after each commit: a window of W frames with S sinks then holds the C frames just committed and the N
+    kept whole before it at full size, and the rest pooled: S + C + N + (W - S - C - N) / factor^2 frames' worth."""
+    w, s, c = pipe.config.window_frames, pipe.config.sink_frames, pipe.config.chunk_frames
+    ratio = max(ch["kv_bytes"] for ch in run["chunks"]) / max(ch["kv_bytes"] for ch in dense_run["chunks"])
+    cost = {n: (s + min(w - s, c + n) + max(0, w - s - c - n) / factor**2) / w for n in range(1, w - s + 1)}
     return min(cost, key=lambda n: abs(cost[n] - ratio))
 
 

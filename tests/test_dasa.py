@@ -377,3 +377,22 @@ def test_far_history_pooling_is_exact_on_block_duplicates_and_quarters_far_frame
     assert cache.token_frames.tolist() == [0] * 16 + [1] * 4 + [2] * 16
     cache.bias = None  # without the bias the pooled frame weighs 4x too little
     assert not torch.allclose(attend(cache), full, atol=1e-3)
+
+
+@torch.no_grad()
+def test_far_history_pooling_in_the_pipeline_keeps_what_the_window_keeps(ar):
+    """tiny-wan-ar (window 5 with 1 sink, chunks of 2): with 1 frame kept whole before the chunk just committed, one
+    of the 4 frames after the sink is pooled to a quarter: (1 + 3 + 1/4) / 5 of the dense cache, from the third
+    chunk on; frames about to be evicted are not pooled."""
+    from kinegen.dasa.peers import FarHistoryPooling
+
+    kw = dict(height=64, width=64, num_frames=49, num_inference_steps=2, guidance_scale=1.0)
+    dense = [c.stats.kv_bytes for c in ar.stream("a red circle", generator=torch.Generator().manual_seed(0), **kw)]
+    ar.chunk_hooks = (FarHistoryPooling(near_frames=1, factor=2),)
+    try:
+        pooled = [c.stats.kv_bytes for c in ar.stream("a red circle", generator=torch.Generator().manual_seed(0),
+                                                       **kw)]
+    finally:
+        del ar.chunk_hooks
+    assert pooled[:2] == dense[:2]
+    assert all(p == d * (1 + 3 + 0.25) / 5 for p, d in zip(pooled[2:], dense[2:], strict=True))

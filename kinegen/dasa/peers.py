@@ -52,7 +52,8 @@ def pool_frame(cache: LayerKVCache, frame: int, grid: tuple[int, int], factor: i
 
 
 class FarHistoryPooling:
-    """The chunk hook: before each chunk, pool the frames that have left the ``near_frames`` most recent."""
+    """The chunk hook: before each chunk, pool the frames that have left the ``near_frames`` most recent (but not
+    those the chunk's commit is about to evict)."""
 
     def __init__(self, near_frames: int = 4, factor: int = 2):
         if near_frames < 1 or factor < 2:
@@ -69,7 +70,10 @@ class FarHistoryPooling:
         if new_prompt:  # the pipeline re-caches whole frames under the new prompt
             self.pooled.clear()
         cached = self.state.cached_frames
-        far = cached[self.sinks:max(self.sinks, len(cached) - self.near_frames)]
+        window = self.state.cache_config.window_frames
+        # frames this chunk's commit will evict are not worth pooling (their bytes go anyway)
+        leaving = 0 if window is None else max(0, len(cached) + frames - window)
+        far = cached[self.sinks + leaving:max(self.sinks, len(cached) - self.near_frames)]
         h, w = self.grid or (0, 0)
         if not far or h % self.factor or w % self.factor:
             return
