@@ -1,5 +1,5 @@
 """Small text helpers shared by every entry point: one true/false parser, one output-name slug, JSON-safe values,
-and accelerator stats and settings for people."""
+accelerator stats and settings for people, and reading a user's small text file with errors that say what to do."""
 
 from __future__ import annotations
 
@@ -60,3 +60,22 @@ def settings_text(config: dict) -> str:
         return str(v).lower() if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v)
 
     return ",".join(f"{k}={text(v)}" for k, v in config.items() if v is not None and v != "")
+
+
+def read_user_text(path, flag: str, expect: str) -> str:
+    """The UTF-8 text of the file a user named with ``flag``; a :class:`~kinegen.errors.ConfigError` saying what to
+    give (``expect``, e.g. "a text file of USER:PASSWORD lines"; "a readable ..." when it cannot be read) when it
+    is missing, a folder or unreadable."""
+    from pathlib import Path
+
+    from .errors import ConfigError
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{flag} {path} {'is a folder' if path.is_dir() else 'does not exist'}; give {expect}.")
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        why = "it is not UTF-8 text" if isinstance(e, UnicodeDecodeError) else e.strerror or type(e).__name__
+        raise ConfigError(f"{flag} {path} cannot be read ({why}); give a readable "
+                          f"{expect.removeprefix('a ')}.") from None

@@ -47,16 +47,9 @@ def read_auth(args) -> list[tuple[str, str]] | None:
 
     lines = list(args.auth or [])
     if args.auth_file:
-        path = Path(args.auth_file)
-        if not path.is_file():
-            raise ConfigError(f"--auth-file {path} {'is a folder' if path.is_dir() else 'does not exist'}; give a "
-                              "text file of USER:PASSWORD lines.")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            why = "it is not UTF-8 text" if isinstance(e, UnicodeDecodeError) else e.strerror or type(e).__name__
-            raise ConfigError(f"--auth-file {path} cannot be read ({why}); give a readable text file of "
-                              "USER:PASSWORD lines.") from None
+        from ..text import read_user_text
+
+        text = read_user_text(args.auth_file, "--auth-file", "a text file of USER:PASSWORD lines")
         lines += [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
     pairs = []
     for line in lines:

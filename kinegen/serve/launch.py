@@ -69,16 +69,9 @@ def is_loopback(host: str) -> bool:
 
 def read_token_file(path) -> str:
     """The first line of ``path`` (surrounding spaces stripped), checked as a token."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"--backend-token-file {path} {'is a folder' if path.is_dir() else 'does not exist'}; give "
-                          "a text file whose first line is the token.")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        why = "it is not UTF-8 text" if isinstance(e, UnicodeDecodeError) else e.strerror or type(e).__name__
-        raise ConfigError(f"--backend-token-file {path} cannot be read ({why}); give a readable text file whose first "
-                          "line is the token.") from None
+    from ..text import read_user_text
+
+    text = read_user_text(path, "--backend-token-file", "a text file whose first line is the token")
     lines = text.splitlines()
     token = lines[0].strip() if lines else ""
     if not token:
