@@ -143,7 +143,7 @@ def ranks(tmp_path_factory):
     try:
         import kinegen
 
-        pipe = kinegen.load_pipeline(MODEL, device="cpu")
+        pipe = kinegen.load_pipeline(MODEL, device="cpu", cache=False)  # as fresh as each rank's
         pipe.set_progress_bar_config(disable=True)
         with _one_thread():
             single = {name: _frames(pipe, specs, steps)[0] for name, specs, steps in RUNS}
@@ -196,6 +196,9 @@ def test_only_rank_0_writes_and_speaks(ranks, tmp_path):
     assert summary["parallel"]["spec"] == "ulysses=2" and summary["output"] == str(out / "cli.mp4")
     assert cli[1]["stdout"] == "" and cli[1]["stderr"].strip() == ""
     assert sorted(p.name for p in out.glob("cli*.mp4")) == ["cli.mp4"]
+    from kinegen.loading import _PIPELINE_CACHE
+
+    _PIPELINE_CACHE.clear()  # the command loads the model fresh, as each rank did
     with _one_thread():
         assert main(["generate", PROMPT, "--steps", "2", "--frames", "9", "--height", "64", "--width", "64",
                      "-o", str(tmp_path / "one.mp4")]) == 0
