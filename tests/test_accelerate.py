@@ -122,14 +122,24 @@ def test_caches_change_output_on_every_family(load_tiny, model, spec):
     assert not np.array_equal(dense, fast), f"{spec} had no effect on {model}"
 
 
-def test_dense_attention_backend_is_selectable_and_removable(wan):
+def test_dense_attention_backend_is_selectable_and_removable(wan, load_tiny):
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
     from kinegen.errors import ConfigError as _ConfigError
 
+    process_wide = _AttentionBackendRegistry._active_backend
+    other = load_tiny("tiny-hunyuanvideo")  # another model in the same process
+    other_before = kinegen.generate(other, "a red circle", seed=3, steps=2).frames
     dense = kinegen.generate(wan, "a red circle", seed=3, steps=4).frames
     math = kinegen.generate(wan, "a red circle", seed=3, steps=4,
                             accelerators=["dense-attention:backend=_native_math"])
-    np.testing.assert_allclose(math.frames, dense, atol=2e-3)
+    assert not np.array_equal(math.frames, dense)  # another kernel ran ...
+    np.testing.assert_allclose(math.frames, dense, atol=2e-3)  # ... computing the same attention
     assert math.accelerators[0]["processors"] > 0
+    # removal restores this model, and the choice never leaked to the process (diffusers' active backend)
+    assert _AttentionBackendRegistry._active_backend == process_wide
+    np.testing.assert_array_equal(kinegen.generate(wan, "a red circle", seed=3, steps=4).frames, dense)
+    np.testing.assert_array_equal(kinegen.generate(other, "a red circle", seed=3, steps=2).frames, other_before)
     with pytest.raises(_ConfigError, match="backend must be one of"):
         parse_spec("dense-attention:backend=magic")
 

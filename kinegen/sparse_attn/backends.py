@@ -4,6 +4,11 @@ A thin, removable wrapper over diffusers' attention dispatcher (``ModelMixin.set
 ``native`` is torch's scaled_dot_product_attention (the default), ``_native_math`` its reference
 math kernel, ``xformers`` / ``flash`` / ``sage`` need their packages (and a GPU). Only the backend
 of the transformer's attention modules changes; removing it restores each module's previous backend.
+
+``ModelMixin.set_attention_backend`` also sets diffusers' process-wide active backend, which every other model in
+the process falls back to (a processor whose ``_attention_backend`` is None). Left set, one user's ``_native_math``
+run would move every later run in a long-lived process (the app, the service, a test session) onto the math kernel;
+so the process-wide backend is put back at once, and the choice lives only on this transformer's processors.
 """
 
 from __future__ import annotations
@@ -45,7 +50,11 @@ def _processors(transformer):
 
 
 def apply_dense_attention(pipe, config: DenseAttentionSpec, run: RunInfo) -> AcceleratorHandle:
-    from diffusers.models.attention_dispatch import AttentionBackendName, _check_attention_backend_requirements
+    from diffusers.models.attention_dispatch import (
+        AttentionBackendName,
+        _AttentionBackendRegistry,
+        _check_attention_backend_requirements,
+    )
 
     try:
         _check_attention_backend_requirements(AttentionBackendName(config.backend))
@@ -54,9 +63,13 @@ def apply_dense_attention(pipe, config: DenseAttentionSpec, run: RunInfo) -> Acc
         raise ConfigError(f"dense-attention: backend {config.backend!r} is not usable here ({e})."
                           + (f" {hint}." if hint else "")) from None
     saved = []
-    for t in transformers_of(pipe):
-        saved += [(p, getattr(p, "_attention_backend", None)) for p in _processors(t)]
-        t.set_attention_backend(config.backend)
+    process_wide = _AttentionBackendRegistry._active_backend
+    try:
+        for t in transformers_of(pipe):
+            saved += [(p, getattr(p, "_attention_backend", None)) for p in _processors(t)]
+            t.set_attention_backend(config.backend)  # validates, fetches hub kernels, sets each processor
+    finally:
+        _AttentionBackendRegistry.set_active_backend(process_wide)  # ... and the process-wide one: undone
 
     def remove():
         for p, backend in saved:
