@@ -33,6 +33,7 @@ from kinegen.sparse_attn.hva import HVAConfig, HVAttention, KMeansSparseAttentio
 class _CaptureConfig:
     dense_warmup: float = 0.0
     dense_layers: int = 0
+    min_tokens: int = 0
 
 
 class _Recorder:

@@ -131,4 +131,4 @@ def test_installed_entry_point_help():
     for flag in ["--model", "--output", "--seed", "--height", "--width", "--frames", "--steps", "--guidance",
                  "--negative-prompt", "--cache", "--attention"]:
         assert flag in done.stdout
-    assert "hva,kmeans-sparse,dense-attention" in "".join(done.stdout.split())  # argparse wraps at hyphens
+    assert "hva,svg2,kmeans-sparse,dense-attention" in "".join(done.stdout.split())  # argparse wraps at hyphens

@@ -4,6 +4,7 @@ and the whole module against dense attention (and the SVG2-style baseline beside
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -261,7 +262,7 @@ def test_update_centroids_keeps_empty_clusters():
 
 # ---------------------------------------------------------------------------- in pipelines
 
-ALL_PAIRS = "density=none,top_p=1.0,min_keys=100000,dense_warmup=0,dense_layers=0,tile=16,backend=dense"
+ALL_PAIRS = "density=none,top_p=1.0,min_keys=100000,dense_warmup=0,dense_layers=0,tile=16,backend=dense,min_tokens=0"
 
 
 @pytest.mark.parametrize("name", ["tiny-wan", "tiny-hunyuanvideo", "tiny-cogvideox"])
@@ -278,8 +279,14 @@ def test_hva_keeping_every_block_reproduces_the_dense_pipeline(load_tiny, name):
     st = full.accelerators[0]
     assert st["sparse_calls"] > 0 and st["dense_calls"] == 0
     base = kinegen.generate(pipe, "a red circle", seed=0, accelerators=[
-        "kmeans-sparse:density=none,top_p=1.0,min_keys=100000,dense_warmup=0,dense_layers=0,tile=16,backend=dense"])
+        "kmeans-sparse:density=none,top_p=1.0,min_keys=100000,dense_warmup=0,dense_layers=0,tile=16,backend=dense,"
+        "min_tokens=0"])
     np.testing.assert_allclose(base.frames, dense.frames, atol=1e-4)
+    for spec in ("svg2:top_p=1.0,min_kc_ratio=1.0,dense_warmup=0,dense_layers=0,tile=16,block=16,min_tokens=0",
+                 "hva:" + ALL_PAIRS.replace("backend=dense", "layout=lists")):
+        lists = kinegen.generate(pipe, "a red circle", seed=0, accelerators=[spec])
+        np.testing.assert_allclose(lists.frames, dense.frames, atol=1e-4)
+        assert lists.accelerators[0]["sparse_calls"] > 0
 
 
 def test_hva_schedule_branches_removal_and_composition(wan):
@@ -287,7 +294,8 @@ def test_hva_schedule_branches_removal_and_composition(wan):
 
     before = [type(m.processor) for m in (b.attn1 for b in wan.transformer.blocks)]
     res = kinegen.generate(wan, "a red circle", seed=0, steps=4, accelerators=[
-        "hva:density=0.5,dense_warmup=0.5,dense_layers=1,tile=16,backend=dense,q_window=1-2-2,k_window=1-2-2"])
+        "hva:density=0.5,dense_warmup=0.5,dense_layers=1,tile=16,backend=dense,q_window=1-2-2,k_window=1-2-2,"
+        "min_tokens=0"])
     st = res.accelerators[0]
     n_layers = len(wan.transformer.blocks)
     # 4 steps x 2 guidance branches: the first 2 steps dense, then every layer but the first sparse.
@@ -295,8 +303,61 @@ def test_hva_schedule_branches_removal_and_composition(wan):
     assert 0 < st["density"] and 0 < st["tile_efficiency"] <= 1 and st["block_pattern"]
     assert [type(m.processor) for m in (b.attn1 for b in wan.transformer.blocks)] == before  # removed
     both = kinegen.generate(wan, "a red circle", seed=0, steps=4, accelerators=[
-        "mapguided:speedup=1.5,max_error=inf,map=recorded", "hva:density=0.5,dense_warmup=0,tile=16,backend=dense"])
+        "mapguided:speedup=1.5,max_error=inf,map=recorded",
+        "hva:density=0.5,dense_warmup=0,tile=16,backend=dense,min_tokens=0"])
     assert [a["name"] for a in both.accelerators] == ["mapguided", "hva"] and both.accelerators[1]["sparse_calls"] > 0
+
+
+def test_min_key_share_is_a_floor_over_live_key_clusters():
+    P = torch.tensor([[[0.7, 0.2, 0.06, 0.04, 0.0]]])  # one query cluster; key cluster 4 is empty
+    nq, nk = torch.tensor([[5]]), torch.tensor([[3, 3, 3, 3, 0]])
+    assert B.select_blocks(P, nq, nk, 4, top_p=0.5)[0, 0].tolist() == [True, False, False, False, False]
+    # floor(0.5 x 4 live) = 2 kept whatever the mass; the empty cluster never
+    assert B.select_blocks(P, nq, nk, 4, top_p=0.5, min_key_share=0.5)[0, 0].tolist() == [True, True, False, False,
+                                                                                          False]
+    assert B.select_blocks(P, nq, nk, 4, top_p=None, min_key_share=1.0)[0, 0].tolist() == [True] * 4 + [False]
+    with pytest.raises(ValueError, match="min_key_share must be in"):
+        HVAConfig(min_key_share=1.5)
+
+
+def test_hva_key_lists_execute_the_same_pairs_with_less_padding():
+    """``layout=lists``: with the same kept pairs (top-p selection, no budget) the output is the tile
+    layout's, and the executed density, counted as each layout executes, is never higher."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 1, 2, 4 * 8 * 8, 16).unbind(0)
+    common = dict(density=None, top_p=0.6, tile=16, q_window=(2, 4, 4), k_window=(1, 4, 4))
+    tiles = HVAttention(HVAConfig(**common, backend="dense"))
+    lists = HVAttention(HVAConfig(**common, layout="lists", backend="gather"))
+    for _ in range(2):  # an anchor call, then a re-assigning one
+        a, b = tiles(q, k, v, grid=(4, 8, 8)), lists(q, k, v, grid=(4, 8, 8))
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+        st, sl = tiles.last_stats, lists.last_stats
+        assert sl["useful_density"] == pytest.approx(st["useful_density"])
+        assert sl["density"] <= st["density"] + 1e-9 and sl["tile_efficiency"] >= st["tile_efficiency"] - 1e-9
+
+
+@pytest.mark.parametrize("spec, forced", [
+    ("hva", "hva:min_tokens=0,tile=16"),
+    ("kmeans-sparse:density=0.3", "kmeans-sparse:density=0.3,min_tokens=0,tile=16"),
+    ("svg2", "svg2:min_tokens=0,tile=16,block=16"),
+])
+def test_grids_too_small_to_pay_run_dense_and_say_so(wan, spec, forced):
+    """Below ``min_tokens`` video tokens per call the sparse methods step aside: the output is the dense one,
+    bit for bit, and the stats carry a warning that the CLI, the app and the profiler print."""
+    import numpy as np
+
+    import kinegen
+
+    dense = kinegen.generate(wan, "a red circle", seed=0, steps=4).frames
+    res = kinegen.generate(wan, "a red circle", seed=0, steps=4, accelerators=[spec])
+    np.testing.assert_array_equal(res.frames, dense)
+    st = res.accelerators[0]
+    n_layers = len(wan.transformer.blocks)
+    assert st["sparse_calls"] == 0 and st["small_calls"] == 2 * (4 - 1) * (n_layers - 1)  # past warm-up and layer 0
+    assert re.search(r"^\S+: \d+ video tokens per attention call is below min_tokens=4096", st["warning"])
+    assert "ran dense" in st["warning"] and "min_tokens=0" in st["warning"]
+    forced = kinegen.generate(wan, "a red circle", seed=0, steps=4, accelerators=[forced])
+    assert forced.accelerators[0]["sparse_calls"] > 0 and "warning" not in forced.accelerators[0]
 
 
 def test_hva_refuses_image_models(flux):

@@ -64,8 +64,8 @@ def test_negative_prompt_reaches_the_unconditional_branch(wan, saved, tmp_path):
     assert not np.allclose(plain, g1, atol=1e-3)
 
 
-ALL_PAIRS = "density=none,top_p=1.0,min_keys=100000,dense_warmup=0,dense_layers=0,tile=16,backend=dense"
-SPARSE = "density=0.5,dense_warmup=0,dense_layers=0,tile=16,q_window=1-2-2,k_window=1-2-2"
+ALL_PAIRS = "density=none,top_p=1.0,min_keys=100000,dense_warmup=0,dense_layers=0,tile=16,backend=dense,min_tokens=0"
+SPARSE = "density=0.5,dense_warmup=0,dense_layers=0,tile=16,q_window=1-2-2,k_window=1-2-2,min_tokens=0"
 
 
 def test_attention_flag_runs_hva_in_the_pipeline(wan, saved, tmp_path):

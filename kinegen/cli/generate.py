@@ -34,7 +34,7 @@ _GAN_DEFAULTS = {"num_images": 16, "truncation": 1.0, "upscale": 4}
 # The accelerators by kind, as `kinegen.accelerators.catalog.list_accelerators` lists them. Written out so that
 # `--help` stays fast (the catalogue imports torch and diffusers); tests/test_generate.py keeps them equal.
 CACHE_NAMES = ("mapguided", "first-block", "taylorseer", "mag", "pab", "faster")
-ATTENTION_NAMES = ("hva", "kmeans-sparse", "dense-attention", "dasa")
+ATTENTION_NAMES = ("hva", "svg2", "kmeans-sparse", "dense-attention", "dasa")
 
 
 def add_parser(subparsers) -> None:

@@ -13,6 +13,11 @@ How it plugs in without patching diffusers:
   diffusers' ``native`` backend (SDPA) while wrapped, since other backends would bypass the interception.
 * Dense warm-up steps (the first ``dense_warmup`` share of steps) and dense leading layers
   (``dense_layers``) run the original processor.
+* Calls with fewer video tokens than ``min_tokens`` run the original processor too, and the handle's stats
+  carry a ``warning`` that says so (the CLI, the app and the profiler print it): at a few hundred tokens a
+  grid holds only a handful of tiles, clustering costs more than the attention it saves, and dropping a
+  share of so few clusters loses the prompt (HVA at density 0.3 on the bundled model's default 320 tokens
+  turned a blue circle green, 15.9 dB against dense).
 
 State: one attention module per (transformer, cache context, layer); ``handle.remove()`` restores every
 processor and backend and drops the state.
@@ -32,6 +37,7 @@ from ..accelerators.base import AcceleratorHandle, RunInfo, StepTracker, registe
 from ..adapters import get_adapter, transformers_of
 from ..errors import ConfigError
 from .hva import HVAConfig, HVAttention, KMeansSparseAttention, KMeansSparseConfig
+from .svg2 import SVG2Config
 
 
 @dataclasses.dataclass
@@ -66,6 +72,8 @@ class _Controller:
         self.layout = None
         self.sparse_calls = 0
         self.dense_calls = 0
+        self.small_calls = 0  # of the dense calls: those below min_tokens
+        self.smallest = None  # video tokens of the smallest such call
         self.layer_stats: dict[tuple[str, int], Any] = {}  # (cache context, layer) -> its attention module
 
     def branch(self) -> _BranchState:
@@ -89,7 +97,16 @@ class _Controller:
 
     def sparse_now(self, layer: int) -> bool:
         warm = math.ceil(self.config.dense_warmup * self.steps) if self.steps else 0
-        return self.branch().step >= warm and layer >= self.config.dense_layers
+        return self.branch().step >= warm and layer >= self.config.dense_layers and not self.too_small()
+
+    def too_small(self) -> bool:
+        """This call's grid has fewer video tokens than ``min_tokens`` (counted; the stats say so)."""
+        tokens = math.prod(self.layout.grid)
+        if tokens >= self.config.min_tokens:
+            return False
+        self.small_calls += 1
+        self.smallest = tokens if self.smallest is None else min(self.smallest, tokens)
+        return True
 
     def attention(self, layer: int):
         st = self.branch()
@@ -244,6 +261,14 @@ def _install(pipe_or_transformer, name: str, config, make_attention, run: RunInf
     def stats():
         out = {"sparse_calls": sum(c.sparse_calls for c in controllers),
                "dense_calls": sum(c.dense_calls for c in controllers)}
+        small = [c for c in controllers if c.small_calls]
+        if small:
+            tokens = min(c.smallest for c in small)
+            out["small_calls"] = sum(c.small_calls for c in small)
+            out["warning"] = (f"{name}: {tokens} video tokens per attention call is below min_tokens="
+                              f"{config.min_tokens}, where sparse attention does not pay and can lose the prompt; "
+                              f"{out['small_calls']} calls ran dense. Generate larger (more frames or pixels) to "
+                              f"use it, or set min_tokens=0 to force it.")
         per_layer = [a.last_stats for c in controllers for a in c.layer_stats.values()]
         if per_layer:
             for key in ("density", "tile_efficiency", "clustering_s", "merging_s", "attention_s", "layout_s"):
@@ -264,6 +289,15 @@ def apply_hva(pipe_or_transformer, config: HVAConfig | None = None, run: RunInfo
     return _install(pipe_or_transformer, "hva", config, lambda layer: HVAttention(config), run)
 
 
+def apply_svg2(pipe_or_transformer, config=None, run: RunInfo | None = None) -> AcceleratorHandle:
+    """Sparse VideoGen 2 as its public code runs it (:mod:`kinegen.sparse_attn.svg2`), installed the same way
+    as :func:`apply_hva`: the faithful peer."""
+    from .svg2 import SVG2Attention, SVG2Config
+
+    config = config or SVG2Config()
+    return _install(pipe_or_transformer, "svg2", config, lambda layer: SVG2Attention(config), run)
+
+
 def apply_kmeans_sparse(pipe_or_transformer, config: KMeansSparseConfig | None = None,
                         run: RunInfo | None = None) -> AcceleratorHandle:
     """The SVG2-style baseline installed the same way as :func:`apply_hva`."""
@@ -275,4 +309,6 @@ register_accelerator("hva", HVAConfig, apply_hva, kind="attention", requires="sp
                      summary="HyperVAttention: 3D local-window clustered block-sparse self-attention")
 register_accelerator("kmeans-sparse", KMeansSparseConfig, apply_kmeans_sparse, kind="attention",
                      requires="sparse_attention",
-                     summary="SVG2-style baseline: global k-means clusters, centroid top-p")
+                     summary="simplified SVG2-style baseline (tile layout, global budget); the faithful peer is svg2")
+register_accelerator("svg2", SVG2Config, apply_svg2, kind="attention", requires="sparse_attention",
+                     summary="Sparse VideoGen 2 as published: k-means, per-cluster top-p, one key list per cluster")

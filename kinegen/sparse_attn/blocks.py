@@ -92,8 +92,12 @@ def cluster_scores(cq: torch.Tensor, nq: torch.Tensor, ck: torch.Tensor, nk: tor
 
 
 def select_blocks(P: torch.Tensor, nq: torch.Tensor, nk: torch.Tensor, tile: int, *, density: float | None = None,
-                  top_p: float | None = None, min_keys: int = 1) -> torch.Tensor:
+                  top_p: float | None = None, min_keys: int = 1, min_key_share: float = 0.0) -> torch.Tensor:
     """Kept (query cluster, key cluster) pairs ``[G, Kq, Kk]`` bool, by ``top_p`` or a ``density`` budget.
+
+    Every query cluster keeps at least its ``max(min_keys, floor(min_key_share x live key clusters))`` best
+    key clusters (SVG2's floor, ``min_kc_ratio``, is the share form; it counts all its key clusters, which are
+    all live there).
 
     The density budget is spent greedily by expected mass per executed tile: the pairs are sorted once,
     then each pass takes, in that order, every pair that still fits; later passes fill what a too-big
@@ -102,14 +106,17 @@ def select_blocks(P: torch.Tensor, nq: torch.Tensor, nk: torch.Tensor, tile: int
     G, Kq, Kk = P.shape
     q_alive, k_alive = nq > 0, nk > 0
     live = q_alive.unsqueeze(-1) & k_alive.unsqueeze(1)
-    if top_p is None:
+    floor = torch.clamp(torch.floor(min_key_share * k_alive.sum(-1)).long(), min=min_keys).view(G, 1, 1)
+    if top_p is None and min_key_share == 0:
         keep = torch.zeros_like(live).scatter_(-1, P.topk(min(min_keys, Kk), dim=-1).indices, True)
     else:
         order = P.argsort(-1, descending=True)
         rank = torch.empty_like(order).scatter_(-1, order, torch.arange(Kk, device=P.device).expand_as(order))
         sorted_p = torch.gather(P, -1, order)
         before = sorted_p.cumsum(-1) - sorted_p  # mass of the better pairs
-        keep = (rank < min_keys) | torch.gather(before < top_p, -1, rank)
+        keep = rank < floor
+        if top_p is not None:
+            keep |= torch.gather(before < top_p, -1, rank)
     keep &= live
     if density is not None:
         tiles = num_tiles(nq, tile).unsqueeze(-1) * num_tiles(nk, tile).unsqueeze(1)  # executed tiles per pair

@@ -34,6 +34,8 @@ from . import blocks as B
 from .block_sparse import BACKENDS
 from .clustering import ClusterState, global_kmeans, local_kmeans, refine
 
+MIN_TOKENS = 4096  # video tokens per call below which pipelines run dense (see HVAConfig.min_tokens)
+
 
 @dataclasses.dataclass
 class HVAConfig:
@@ -44,6 +46,8 @@ class HVAConfig:
         top_p: keep key clusters per query cluster until this share of expected mass (with or instead of
             ``density``).
         min_keys: key clusters every query cluster keeps, whatever the budget.
+        min_key_share: and at least this share of the (non-empty) key clusters (SVG2's ``min_kc_ratio``
+            floor, 0.1 there; 0 here by default).
         q_window / k_window: 3D window ``(frames, rows, cols)`` of the query / key clustering (one window
             holds ``per_window`` centroids at the start). The defaults give clusters of about two tiles
             (queries) and one tile (keys) of 64 rows, in SVG2's proportion of fewer query than key clusters.
@@ -54,19 +58,29 @@ class HVAConfig:
         tile: tile rows (64 or 128 on GPUs; 64 default).
         merge: hardware-aware merging of clusters into fuller tiles; ``merge_tau`` bounds how much
             within-cluster error a merge may add (in units of the clustering's mean squared error).
-        backend: block-sparse execution: ``auto`` (Triton on CUDA, FlexAttention on CPU), ``flex``,
-            ``triton`` or ``dense`` (masked reference).
+        layout: how the kept pairs execute: ``tiles`` (each cluster padded to whole tiles on both sides, the
+            kept (query tile, key tile) pairs run block-sparse; :mod:`~kinegen.sparse_attn.block_sparse`) or
+            ``lists`` (each query cluster's kept keys gathered into one list, padded once, SVG2's layout;
+            :mod:`~kinegen.sparse_attn.varlen`). ``density`` counts executed work the way the layout
+            executes it.
+        backend: execution: ``auto`` (Triton on CUDA; FlexAttention for tiles and batched SDPA over gathered
+            keys for lists on CPU), ``triton``, ``flex``, ``dense`` (tiles: the masked reference) or ``gather``
+            / ``reference`` (lists).
         kernel: clustering kernel: ``auto`` (Triton on CUDA, torch elsewhere), ``torch`` or ``triton``.
         compile: run cluster merging through ``torch.compile`` (on a GPU this fuses its few hundred small
             operations per call into a few kernels; compiles once per shape, so past torch's recompile
             limit of distinct shapes, 8 by default, it runs eagerly).
         dense_warmup: in pipelines, the share of denoising steps (the first ones) run with dense attention.
         dense_layers: in pipelines, leading transformer layers that stay dense.
+        min_tokens: in pipelines, calls with fewer video tokens run dense, and the stats warn (0: always sparse).
+            Below a few thousand tokens clustering costs more than the attention it saves and the prompt is at
+            risk (benchmarks/sparse_attention.md, "Small grids").
     """
 
     density: float | None = 0.25
     top_p: float | None = None
     min_keys: int = 1
+    min_key_share: float = 0.0
     q_window: tuple[int, int, int] = (2, 8, 8)
     k_window: tuple[int, int, int] = (1, 8, 8)
     per_window: int = 1
@@ -74,6 +88,7 @@ class HVAConfig:
     anchor_every: int = 5
     reassign: float = 0.25
     tile: int = 64
+    layout: str = "tiles"
     merge: bool = True
     merge_tau: float = 1.0
     merge_rounds: int = 8
@@ -82,10 +97,13 @@ class HVAConfig:
     compile: bool = False
     dense_warmup: float = 0.2
     dense_layers: int = 1
+    min_tokens: int = MIN_TOKENS
 
     def __post_init__(self):
         _check_budget(self.density, self.top_p, self.min_keys)
-        _check_dense(self.dense_warmup, self.dense_layers)
+        _check_dense(self.dense_warmup, self.dense_layers, self.min_tokens)
+        if not 0 <= self.min_key_share <= 1:
+            raise ValueError(f"min_key_share must be in [0, 1] (a share of the key clusters); got {self.min_key_share}")
         for name in ("q_window", "k_window"):
             w = tuple(int(x) for x in getattr(self, name))
             if len(w) != 3 or min(w) < 1:
@@ -95,7 +113,7 @@ class HVAConfig:
             raise ValueError("per_window, iters, anchor_every and tile must be at least 1")
         if not 0 < self.reassign <= 1:
             raise ValueError(f"reassign must be in (0, 1]; got {self.reassign}")
-        _check_backend(self.backend)
+        _check_backend(self.backend, self.layout)
         if self.kernel not in ("auto", "torch", "triton"):
             raise ValueError(f"kernel must be auto, torch or triton; got {self.kernel!r}")
 
@@ -103,7 +121,8 @@ class HVAConfig:
 @dataclasses.dataclass
 class KMeansSparseConfig:
     """SVG2-style baseline: global k-means with ``q_clusters`` / ``k_clusters`` centroids per head,
-    ``iters`` Lloyd iterations on the first call and ``warm_iters`` warm-started ones after."""
+    ``iters`` Lloyd iterations on the first call and ``warm_iters`` warm-started ones after; ``min_tokens`` as
+    in :class:`HVAConfig`."""
 
     density: float | None = None
     top_p: float | None = 0.9
@@ -117,19 +136,25 @@ class KMeansSparseConfig:
     seed: int = 0
     dense_warmup: float = 0.2
     dense_layers: int = 1
+    min_tokens: int = MIN_TOKENS
 
     def __post_init__(self):
         _check_budget(self.density, self.top_p, self.min_keys)
-        _check_dense(self.dense_warmup, self.dense_layers)
+        _check_dense(self.dense_warmup, self.dense_layers, self.min_tokens)
         _check_backend(self.backend)
         if min(self.q_clusters, self.k_clusters, self.iters, self.warm_iters, self.tile) < 1:
             raise ValueError("cluster counts, iterations and tile must be at least 1")
 
 
-def _check_backend(backend: str) -> None:
+def _check_backend(backend: str, layout: str = "tiles") -> None:
     """Fail when the config is built, not at the first sparse call after the dense warm-up."""
-    if backend != "auto" and backend not in BACKENDS:
-        raise ValueError(f"backend must be one of auto, {', '.join(BACKENDS)}; got {backend!r}")
+    from .varlen import BACKENDS as LIST_BACKENDS
+
+    valid = {"tiles": BACKENDS, "lists": LIST_BACKENDS}
+    if layout not in valid:
+        raise ValueError(f"layout must be tiles or lists; got {layout!r}")
+    if backend != "auto" and backend not in valid[layout]:
+        raise ValueError(f"backend must be one of auto, {', '.join(valid[layout])} (layout={layout}); got {backend!r}")
 
 
 def _check_budget(density, top_p, min_keys):
@@ -143,11 +168,13 @@ def _check_budget(density, top_p, min_keys):
         raise ValueError(f"min_keys must be at least 1; got {min_keys}")
 
 
-def _check_dense(warmup, layers):
+def _check_dense(warmup, layers, min_tokens=0):
     if not 0 <= warmup < 1:
         raise ValueError(f"dense_warmup must be in [0, 1); got {warmup}")
     if layers < 0:
         raise ValueError(f"dense_layers must be >= 0; got {layers}")
+    if min_tokens < 0:
+        raise ValueError(f"min_tokens must be >= 0 (0: sparse at every size); got {min_tokens}")
 
 
 class _Timer:
@@ -243,8 +270,6 @@ class _ClusteredSparseAttention(torch.nn.Module):
         ``key_valid`` (``[batch, tokens]`` bool) marks padded text keys to ignore (HunyuanVideo's prompt
         padding); video keys are always attended to as the selection decides.
         """
-        from .block_sparse import block_sparse_attention, layout_from_tile_mask
-
         if q.dim() != 4 or q.shape != k.shape or k.shape != v.shape:
             raise ValueError(f"q, k, v must all be [batch, heads, tokens, head_dim]; got {tuple(q.shape)}, "
                              f"{tuple(k.shape)}, {tuple(v.shape)}")
@@ -268,44 +293,110 @@ class _ClusteredSparseAttention(torch.nn.Module):
         timer.mark()
         (lq, cq, nq), (lk, ck, nk) = self._merge(qv, qs, kv_, ks)
         timer.mark()
-        P = B.cluster_scores(cq, nq, ck, nk, scale)
-        keep = B.select_blocks(P, nq, nk, cfg.tile, density=cfg.density, top_p=cfg.top_p, min_keys=cfg.min_keys)
-        stats = B.work_stats(keep, nq, nk, cfg.tile, n_video)
+        keep = self._select(cq, nq, ck, nk, scale)
+        stats = self._work_stats(keep, nq, nk, n_video)
         if text_tokens:  # one extra cluster on each side: text keys for every query, every key for text queries
             text_valid = None
             if key_valid is not None:
                 tv = key_valid[:, : text_tokens] if text_position == "start" else key_valid[:, n_video:]
                 text_valid = tv.to(torch.bool).repeat_interleave(H, 0)  # [G, n_text]
             lq, lk, keep, nq, nk = _add_text_cluster(lq, lk, keep, nq, nk, text_tokens, text_valid)
-        Kq, Kk = keep.shape[1], keep.shape[2]
-        # The one value read back from the device in a call: the padded length (a bound known on the host
-        # would be up to 3x longer, and every layout step scales with it).
-        needed = cfg.tile * int(torch.maximum(B.num_tiles(nq, cfg.tile).sum(-1).max(),
-                                              B.num_tiles(nk, cfg.tile).sum(-1).max()))
-        backend = cfg.backend if cfg.backend != "auto" else ("triton" if q.is_cuda else "flex")
-        L = _padded_length(needed, N, cfg.tile) if backend == "flex" else needed
-        pq = B.permutation(lq, Kq, cfg.tile, L)
-        pk = B.permutation(lk, Kk, cfg.tile, L)
-        mask = B.tile_mask(keep, pq, pk)
-        layout = layout_from_tile_mask(mask.view(Bb, H, L // cfg.tile, L // cfg.tile), cfg.tile,
-                                       (pk.slot_token >= 0).view(Bb, H, L))
+        layout = self._layout(lq, lk, keep, nq, nk, cfg.backend)
         qo = q if not text_tokens else torch.cat([q[:, :, vid], _text(q, vid, text_position)], 2)
         ko = k if not text_tokens else torch.cat([k[:, :, vid], _text(k, vid, text_position)], 2)
         vo = v if not text_tokens else torch.cat([v[:, :, vid], _text(v, vid, text_position)], 2)
-        qp = B.gather_slots(qo.reshape(G, N, D), pq.slot_token).view(Bb, H, L, D)
-        kp = B.gather_slots(ko.reshape(G, N, D), pk.slot_token).view(Bb, H, L, D)
-        vp = B.gather_slots(vo.reshape(G, N, D), pk.slot_token).view(Bb, H, L, D)
         timer.mark()
-        op = block_sparse_attention(qp, kp, vp, layout, backend=backend, scale=scale)
+        out = self._attend(qo.reshape(G, N, D), ko.reshape(G, N, D), vo.reshape(G, N, D), layout, cfg.backend,
+                           scale).view(Bb, H, N, D)
         timer.mark()
-        out = B.scatter_slots(op.reshape(G, L, D), pq.token_slot).view(Bb, H, N, D)
         if text_tokens and text_position == "start":  # back from [video, text] to [text, video]
             out = torch.cat([out[:, :, n_video:], out[:, :, :n_video]], 2)
         self.calls += 1
         self._pending = ({**stats, **info, "q_clusters": (nq > 0).sum(-1).float().mean(),
                           "k_clusters": (nk > 0).sum(-1).float().mean(), "tile": cfg.tile,
-                          "block_pattern": mask[0], "call": self.calls}, timer)
+                          "block_pattern": self._pattern(keep, layout), "call": self.calls}, timer)
         return out
+
+    # ---- the steps a method may replace (defaults: HVA's tile layout, B.select_blocks)
+
+    def _select(self, cq, nq, ck, nk, scale: float) -> torch.Tensor:
+        """Kept (query cluster, key cluster) pairs ``[G, Kq, Kk]`` bool, from centroids and sizes (video only)."""
+        cfg = self.config
+        P = B.cluster_scores(cq, nq, ck, nk, scale)
+        return B.select_blocks(P, nq, nk, cfg.tile, density=cfg.density, top_p=cfg.top_p, min_keys=cfg.min_keys,
+                               min_key_share=getattr(cfg, "min_key_share", 0.0))
+
+    @property
+    def _lists(self) -> bool:
+        return getattr(self.config, "layout", "tiles") == "lists"
+
+    def _work_stats(self, keep, nq, nk, n_tokens: int) -> dict[str, Any]:
+        """``density``, ``useful_density``, ``tile_efficiency`` of the video clusters (0-d device tensors),
+        executed work counted as the layout executes it (padding included)."""
+        if not self._lists:
+            return B.work_stats(keep, nq, nk, self.config.tile, n_tokens)
+        from .varlen import key_list_work
+
+        G = keep.shape[0]
+        useful = (keep * (nq.unsqueeze(-1) * nk.unsqueeze(1)).float()).sum() / (G * n_tokens ** 2)
+        executed = key_list_work(keep, nq, nk, self.config.tile, self.config.tile).sum().float() / (G * n_tokens ** 2)
+        return {"density": executed, "useful_density": useful, "tile_efficiency": useful / executed.clamp(min=1e-12)}
+
+    def _layout(self, lq, lk, keep, nq, nk, backend: str):
+        """The execution layout from labels ``[G, N]`` and ``keep`` (text clusters included)."""
+        from .block_sparse import layout_from_tile_mask
+
+        cfg = self.config
+        if self._lists:
+            from .varlen import key_lists
+
+            return key_lists(lq, lk, keep, cfg.tile, cfg.tile)
+        G, N = lq.shape
+        Kq, Kk = keep.shape[1], keep.shape[2]
+        # The one value read back from the device in a call: the padded length (a bound known on the host
+        # would be up to 3x longer, and every layout step scales with it).
+        needed = cfg.tile * int(torch.maximum(B.num_tiles(nq, cfg.tile).sum(-1).max(),
+                                              B.num_tiles(nk, cfg.tile).sum(-1).max()))
+        backend = _tile_backend(backend, lq)
+        L = _padded_length(needed, N, cfg.tile) if backend == "flex" else needed
+        pq = B.permutation(lq, Kq, cfg.tile, L)
+        pk = B.permutation(lk, Kk, cfg.tile, L)
+        mask = B.tile_mask(keep, pq, pk)
+        layout = layout_from_tile_mask(mask.view(1, G, L // cfg.tile, L // cfg.tile), cfg.tile,
+                                       (pk.slot_token >= 0).view(1, G, L))
+        return _TileLayout(pq, pk, mask, layout)
+
+    def _attend(self, q, k, v, layout, backend: str, scale: float) -> torch.Tensor:
+        """``q, k, v`` ``[G, N, D]`` (video tokens first) -> ``[G, N, D]`` in the same order."""
+        from .block_sparse import block_sparse_attention
+
+        if self._lists:
+            from .varlen import varlen_attention
+
+            return varlen_attention(q, k, v, layout, backend=backend, scale=scale)
+        G, N, D = q.shape
+        L = layout.pq.length
+        qp, kp, vp = (B.gather_slots(x, p.slot_token).view(1, G, L, D)
+                      for x, p in ((q, layout.pq), (k, layout.pk), (v, layout.pk)))
+        op = block_sparse_attention(qp, kp, vp, layout.blocks, backend=_tile_backend(backend, q), scale=scale)
+        return B.scatter_slots(op.view(G, L, D), layout.pq.token_slot)
+
+    def _pattern(self, keep, layout) -> torch.Tensor:
+        """The first head's pattern for the stats (``block_pattern``): its tile mask, or with key lists
+        (no tile mask) its cluster-level map."""
+        return keep[0] if self._lists else layout.mask[0]
+
+
+@dataclasses.dataclass
+class _TileLayout:
+    pq: B.Permutation
+    pk: B.Permutation
+    mask: torch.Tensor  # [G, QT, KT] bool
+    blocks: Any  # block_sparse.BlockLayout
+
+
+def _tile_backend(backend: str, x: torch.Tensor) -> str:
+    return backend if backend != "auto" else ("triton" if x.is_cuda else "flex")
 
 
 def _padded_length(needed: int, n_tokens: int, tile: int) -> int:
