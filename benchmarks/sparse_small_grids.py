@@ -1,5 +1,6 @@
-"""Where sparse attention starts to pay: one attention call, dense SDPA against HVA and the SVG2-style baseline at
-their defaults, on q, k, v captured from the bundled model at several sizes (the evidence for ``min_tokens``).
+"""Where sparse attention starts to pay: one attention call, dense SDPA against HVA (key lists, its CPU default,
+and tiles) and SVG2 at their defaults, on q, k, v captured from the bundled model at several sizes (the
+evidence for ``min_tokens``).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/sparse_small_grids.py [--sizes 17x128,33x256,41x320,57x384]
 
@@ -21,12 +22,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from sparse_attention import capture, rel_l2  # noqa: E402
 
-from kinegen.sparse_attn.hva import HVAConfig, HVAttention, KMeansSparseAttention, KMeansSparseConfig  # noqa: E402
+from kinegen.sparse_attn.hva import HVAConfig, HVAttention  # noqa: E402
+from kinegen.sparse_attn.svg2 import SVG2Attention, SVG2Config  # noqa: E402
 
 SDPA = torch.nn.functional.scaled_dot_product_attention
 METHODS = {
     "hva": lambda: HVAttention(HVAConfig(min_tokens=0)),
-    "kmeans-sparse": lambda: KMeansSparseAttention(KMeansSparseConfig(min_tokens=0)),
+    "hva-tiles": lambda: HVAttention(HVAConfig(min_tokens=0, layout="tiles")),
+    "svg2": lambda: SVG2Attention(SVG2Config(min_tokens=0)),
 }
 
 

@@ -147,9 +147,11 @@ def test_dense_attention_backend_is_selectable_and_removable(wan, load_tiny):
 
 
 @pytest.mark.parametrize("spec, fragment", [
-    ("hva:backend=cuda", "backend must be one of auto, dense, flex, triton (layout=tiles); got 'cuda'"),
+    ("hva:backend=cuda",
+     "backend must be one of auto, dense, flex, triton, reference, gather (layout=auto); got 'cuda'"),
+    ("hva:layout=tiles,backend=gather", "backend must be one of auto, dense, flex, triton (layout=tiles)"),
     ("hva:layout=lists,backend=dense", "backend must be one of auto, reference, gather, flex, triton (layout=lists)"),
-    ("hva:layout=csr", "layout must be tiles or lists; got 'csr'"),
+    ("hva:layout=csr", "layout must be auto, tiles or lists; got 'csr'"),
     ("svg2:backend=dense", "backend must be one of auto, reference, gather, flex, triton; got 'dense'"),
     ("kmeans-sparse:backend=flash", "backend must be one of auto, dense, flex, triton"),
     ("hva:kernel=cuda", "kernel must be auto, torch or triton"),

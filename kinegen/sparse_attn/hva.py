@@ -59,10 +59,12 @@ class HVAConfig:
         merge: hardware-aware merging of clusters into fuller tiles; ``merge_tau`` bounds how much
             within-cluster error a merge may add (in units of the clustering's mean squared error).
         layout: how the kept pairs execute: ``tiles`` (each cluster padded to whole tiles on both sides, the
-            kept (query tile, key tile) pairs run block-sparse; :mod:`~kinegen.sparse_attn.block_sparse`) or
+            kept (query tile, key tile) pairs run block-sparse; :mod:`~kinegen.sparse_attn.block_sparse`),
             ``lists`` (each query cluster's kept keys gathered into one list, padded once, SVG2's layout;
-            :mod:`~kinegen.sparse_attn.varlen`). ``density`` counts executed work the way the layout
-            executes it.
+            :mod:`~kinegen.sparse_attn.varlen`) or ``auto``: ``lists`` on CPU (at equal error 2.2x faster
+            than tiles on the bundled model's q, k, v at 8,640 tokens, benchmarks/sparse_attention.md),
+            ``tiles`` on CUDA (the list kernel has not been measured on a GPU yet), or whichever the
+            ``backend`` names. ``density`` counts executed work the way the layout executes it.
         backend: execution: ``auto`` (Triton on CUDA; FlexAttention for tiles and batched SDPA over gathered
             keys for lists on CPU), ``triton``, ``flex``, ``dense`` (tiles: the masked reference) or ``gather``
             / ``reference`` (lists).
@@ -88,7 +90,7 @@ class HVAConfig:
     anchor_every: int = 5
     reassign: float = 0.25
     tile: int = 64
-    layout: str = "tiles"
+    layout: str = "auto"
     merge: bool = True
     merge_tau: float = 1.0
     merge_rounds: int = 8
@@ -146,15 +148,34 @@ class KMeansSparseConfig:
             raise ValueError("cluster counts, iterations and tile must be at least 1")
 
 
-def _check_backend(backend: str, layout: str = "tiles") -> None:
-    """Fail when the config is built, not at the first sparse call after the dense warm-up."""
+def _backends(layout: str) -> list[str]:
     from .varlen import BACKENDS as LIST_BACKENDS
 
-    valid = {"tiles": BACKENDS, "lists": LIST_BACKENDS}
-    if layout not in valid:
-        raise ValueError(f"layout must be tiles or lists; got {layout!r}")
-    if backend != "auto" and backend not in valid[layout]:
-        raise ValueError(f"backend must be one of auto, {', '.join(valid[layout])} (layout={layout}); got {backend!r}")
+    if layout == "tiles":
+        return list(BACKENDS)
+    if layout == "lists":
+        return list(LIST_BACKENDS)
+    return list(dict.fromkeys([*BACKENDS, *LIST_BACKENDS]))
+
+
+def _check_backend(backend: str, layout: str = "tiles") -> None:
+    """Fail when the config is built, not at the first sparse call after the dense warm-up."""
+    if layout not in ("auto", "tiles", "lists"):
+        raise ValueError(f"layout must be auto, tiles or lists; got {layout!r}")
+    if backend != "auto" and backend not in _backends(layout):
+        raise ValueError(f"backend must be one of auto, {', '.join(_backends(layout))} (layout={layout}); "
+                         f"got {backend!r}")
+
+
+def resolve_layout(layout: str, backend: str, device_type: str) -> str:
+    """``tiles`` or ``lists`` for ``layout=auto``: the one the backend names, else lists on CPU, tiles on CUDA."""
+    if layout != "auto":
+        return layout
+    if backend != "auto" and backend not in _backends("lists"):  # dense
+        return "tiles"
+    if backend != "auto" and backend not in _backends("tiles"):  # gather, reference
+        return "lists"
+    return "tiles" if device_type == "cuda" else "lists"
 
 
 def _check_budget(density, top_p, min_keys):
@@ -226,6 +247,7 @@ class _ClusteredSparseAttention(torch.nn.Module):
         self.k_state: ClusterState | None = None
         self._stats: dict[str, Any] = {}
         self._pending: tuple[dict[str, Any], _Timer] | None = None
+        self._device_type = "cpu"  # of the current call (layout=auto resolves by it)
 
     @property
     def last_stats(self) -> dict[str, Any]:
@@ -285,6 +307,7 @@ class _ClusteredSparseAttention(torch.nn.Module):
         scale = D ** -0.5 if scale is None else scale
         vid = slice(text_tokens, N) if text_position == "start" else slice(0, n_video)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # once (attention processors pass views)
+        self._device_type = q.device.type
         qv, kv_ = q[:, :, vid], k[:, :, vid]
         timer = _Timer(q)
         timer.mark()
@@ -328,7 +351,8 @@ class _ClusteredSparseAttention(torch.nn.Module):
 
     @property
     def _lists(self) -> bool:
-        return getattr(self.config, "layout", "tiles") == "lists"
+        cfg = self.config
+        return resolve_layout(getattr(cfg, "layout", "tiles"), cfg.backend, self._device_type) == "lists"
 
     def _work_stats(self, keep, nq, nk, n_tokens: int) -> dict[str, Any]:
         """``density``, ``useful_density``, ``tile_efficiency`` of the video clusters (0-d device tensors),
