@@ -73,6 +73,8 @@ _REFUSED_BECAUSE = {
                    "for each other forever inside attention",
     "kmeans-sparse": "its k-means draws the first centroids of every head in turn from one generator, so a rank "
                      "holding heads 3-4 would draw those of heads 1-2 and the output would differ from one device's",
+    "svg2": "its cold k-means draws every head's first centroids from one generator, so a rank holding heads 3-4 "
+            "would draw those of heads 1-2 and the output would differ from one device's",
     "dasa": "it drives a chunk-by-chunk pipeline, whose causal attention keeps its own KV cache outside diffusers' "
             "attention dispatcher",
 }

@@ -76,7 +76,7 @@ class HVAConfig:
         dense_layers: in pipelines, leading transformer layers that stay dense.
         min_tokens: in pipelines, calls with fewer video tokens run dense, and the stats warn (0: always sparse).
             Below a few thousand tokens clustering costs more than the attention it saves and the prompt is at
-            risk (benchmarks/sparse_attention.md, "Small grids").
+            risk (docs/sparse_attention.md, "Small grids run dense").
     """
 
     density: float | None = 0.25
