@@ -351,8 +351,14 @@ class _ClusteredSparseAttention(torch.nn.Module):
 
     @property
     def _lists(self) -> bool:
+        """This call executes by key lists (:mod:`~kinegen.sparse_attn.varlen`), not tiles."""
         cfg = self.config
         return resolve_layout(getattr(cfg, "layout", "tiles"), cfg.backend, self._device_type) == "lists"
+
+    @property
+    def _block(self) -> int:
+        """Key-list padding unit: the config's ``block`` where it has one, else the tile."""
+        return getattr(self.config, "block", self.config.tile)
 
     def _work_stats(self, keep, nq, nk, n_tokens: int) -> dict[str, Any]:
         """``density``, ``useful_density``, ``tile_efficiency`` of the video clusters (0-d device tensors),
@@ -363,7 +369,7 @@ class _ClusteredSparseAttention(torch.nn.Module):
 
         G = keep.shape[0]
         useful = (keep * (nq.unsqueeze(-1) * nk.unsqueeze(1)).float()).sum() / (G * n_tokens ** 2)
-        executed = key_list_work(keep, nq, nk, self.config.tile, self.config.tile).sum().float() / (G * n_tokens ** 2)
+        executed = key_list_work(keep, nq, nk, self.config.tile, self._block).sum().float() / (G * n_tokens ** 2)
         return {"density": executed, "useful_density": useful, "tile_efficiency": useful / executed.clamp(min=1e-12)}
 
     def _layout(self, lq, lk, keep, nq, nk, backend: str):
@@ -374,7 +380,7 @@ class _ClusteredSparseAttention(torch.nn.Module):
         if self._lists:
             from .varlen import key_lists
 
-            return key_lists(lq, lk, keep, cfg.tile, cfg.tile)
+            return key_lists(lq, lk, keep, cfg.tile, self._block)
         G, N = lq.shape
         Kq, Kk = keep.shape[1], keep.shape[2]
         # The one value read back from the device in a call: the padded length (a bound known on the host

@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
 import torch
 
 from .clustering import ClusterState
 from .hva import MIN_TOKENS, _check_dense, _ClusteredSparseAttention
-from .varlen import BACKENDS, key_list_work, key_lists, varlen_attention
+from .varlen import BACKENDS
 
 # SVG2's Wan 2.1 720p text-to-video defaults (scripts/wan/wan_t2v_720p_sap.sh): 1280x720, 81 frames ->
 # 21 latent frames of 45 x 80 patches = 75,600 tokens, clustered into 300 query and 1000 key clusters.
@@ -303,9 +302,9 @@ class SVG2Attention(_ClusteredSparseAttention):
     conditional and unconditional passes warm-start from each other's centroids; our pipelines give each
     guidance branch its own module, hence its own cache.
 
-    Selection and execution replace ``_ClusteredSparseAttention``'s hooks: ``_select`` (SVG2's block map),
-    ``_layout`` / ``_attend`` (one key list per query cluster, :mod:`kinegen.sparse_attn.varlen`) and
-    ``_work_stats`` (executed work counted as the key-list layout executes it).
+    Of ``_ClusteredSparseAttention``'s steps it replaces ``_cluster`` (SVG2's k-means) and ``_select`` (SVG2's
+    block map), and always takes the key-list layout (one padded list per query cluster,
+    :mod:`kinegen.sparse_attn.varlen`; executed work counted as that layout executes it).
     """
 
     def __init__(self, config: SVG2Config | None = None):
@@ -338,18 +337,7 @@ class SVG2Attention(_ClusteredSparseAttention):
     def _select(self, cq, nq, ck, nk, scale):
         return svg2_select(cq, nq, ck, nk, scale, self.config.top_p, self.config.min_kc_ratio)
 
-    def _work_stats(self, keep, nq, nk, n_tokens):
-        G = keep.shape[0]
-        useful = svg2_density(keep, nq, nk).mean().float()
-        executed = key_list_work(keep, nq, nk, self.config.tile, self.config.block).sum().float() / (G * n_tokens ** 2)
-        return {"density": executed, "useful_density": useful, "tile_efficiency": useful / executed.clamp(min=1e-12)}
-
-    def _layout(self, q_labels, k_labels, keep, nq, nk, backend):
-        return key_lists(q_labels, k_labels, keep, self.config.tile, self.config.block)
-
-    def _attend(self, q, k, v, layout, backend, scale):
-        return varlen_attention(q, k, v, layout, backend=backend, scale=scale)
-
-    def _pattern(self, keep, layout) -> Any:
-        """What ``block_pattern`` shows: the first head's cluster-level map (there is no tile mask)."""
-        return keep[0]
+    @property
+    def _lists(self) -> bool:
+        """Always one key list per query cluster (the base class's key-list layout, stats and execution)."""
+        return True
