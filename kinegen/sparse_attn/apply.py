@@ -37,7 +37,7 @@ from ..accelerators.base import AcceleratorHandle, RunInfo, StepTracker, registe
 from ..adapters import get_adapter, transformers_of
 from ..errors import ConfigError
 from .hva import HVAConfig, HVAttention, KMeansSparseAttention, KMeansSparseConfig
-from .svg2 import SVG2Config
+from .svg2 import SVG2Attention, SVG2Config
 
 
 @dataclasses.dataclass
@@ -289,11 +289,9 @@ def apply_hva(pipe_or_transformer, config: HVAConfig | None = None, run: RunInfo
     return _install(pipe_or_transformer, "hva", config, lambda layer: HVAttention(config), run)
 
 
-def apply_svg2(pipe_or_transformer, config=None, run: RunInfo | None = None) -> AcceleratorHandle:
+def apply_svg2(pipe_or_transformer, config: SVG2Config | None = None, run: RunInfo | None = None) -> AcceleratorHandle:
     """Sparse VideoGen 2 as its public code runs it (:mod:`kinegen.sparse_attn.svg2`), installed the same way
     as :func:`apply_hva`: the faithful peer."""
-    from .svg2 import SVG2Attention, SVG2Config
-
     config = config or SVG2Config()
     return _install(pipe_or_transformer, "svg2", config, lambda layer: SVG2Attention(config), run)
 
