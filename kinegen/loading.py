@@ -475,12 +475,18 @@ def _from_folder(folder: Path, dtype: torch.dtype):
     if cls is None:
         raise ModelNotFoundError(f"{folder} holds a {cls_name}, which this diffusers {diffusers.__version__} "
                                  "does not have; install the diffusers version Kinegen pins (pip install -e .).")
+    from .models.rope import install_position_interpolation, read_rope_file
+
+    reference_grid = read_rope_file(folder)  # a broken file fails before the weights load
     try:
-        return cls.from_pretrained(folder, dtype=dtype, use_safetensors=True, local_files_only=True)
+        pipe = cls.from_pretrained(folder, dtype=dtype, use_safetensors=True, local_files_only=True)
     except Exception as e:  # corrupt or mismatched files: one line, not a traceback
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelNotFoundError(f"diffusers could not load {folder} as a {cls_name}: {first.rstrip('.')}. Restore "
                                  "the folder from the original checkpoint (or download it again).") from None
+    if reference_grid is not None:  # trained at several sizes with interpolated positions (kinegen.models.rope)
+        install_position_interpolation(pipe.transformer, reference_grid)
+    return pipe
 
 
 def describe_models() -> list[dict[str, Any]]:

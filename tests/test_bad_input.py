@@ -288,6 +288,8 @@ def test_calibrate_rejects_bad_input_before_loading(prompt_files, capsys, prompt
     (["t2v", "--vae", "vaedir", "--cfg-dropout", "2"], "--cfg-dropout must be 0 to 1; got 2.0."),
     (["t2v", "--vae", "vaedir", "--shape-weights", "blob=2"], "--shape-weights 'blob=2': expected SHAPE=WEIGHT pairs"),
     (["t2v", "--vae", "vaedir", "--init", "vaedir"], "--init vaedir: vaedir/transformer/diffusion_pytorch_model"),
+    (["t2v", "--vae", "vaedir", "--sizes", "256x32=0.5"], "--sizes: '256x32=0.5' needs a size that is a multiple"),
+    (["t2v", "--vae", "vaedir", "--sizes", "256x33=0.7,384x57=0.5"], "the shares add up to more than 1"),
     (["gan", "--variant", "nosuch"], "variant must be 'mp' or 'r3gan', got 'nosuch'."),
     (["gan", "--widths", "abc"], "widths must be integers separated by commas, e.g. 128,128,128,64; got 'abc'."),
     (["gan", "--resolution", "12"], "GAN settings: resolution must be a power of two >= 8, got 12"),

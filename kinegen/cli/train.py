@@ -111,10 +111,11 @@ def check_settings(args, cfg) -> None:
     if getattr(cfg, "decoder_only", False) and not cfg.init:
         raise ConfigError("--decoder-only fine-tunes a trained VAE's decoder: pass --init VAE_FOLDER.")
     if args.what == "t2v":  # what train_t2v checks first, as errors rather than tracebacks
-        from ..training.t2v import _init_files, parse_shape_weights
+        from ..training.t2v import _init_files, parse_shape_weights, parse_sizes
 
         try:
             parse_shape_weights(cfg.shape_weights)
+            parse_sizes(cfg.sizes, cfg)
             if cfg.init:
                 _init_files(Path(cfg.init))
         except (ValueError, FileNotFoundError) as e:

@@ -41,6 +41,7 @@ class T2VTrainConfig:
     first_frame_weight: float = 1.0  # loss weight of latent frame 0 (the VAE decodes it most sensitively)
     init: str | None = None  # start from this pipeline folder's transformer and text encoder (a further stage)
     shape_weights: str = ""  # sample clips by their first shape more or less often, e.g. "star=2"
+    sizes: str = ""  # further sizes and their share of steps, e.g. "256x33=0.6,384x57=0.1" (positions interpolated)
     seed: int = 0
     max_minutes: float | None = None
     checkpoint_every: int = 250

@@ -13,11 +13,17 @@ and an EMA of the weights, which is what gets exported.
 ``--init FOLDER`` starts a further stage from a saved pipeline's transformer and text encoder (with a
 fresh optimiser and learning-rate schedule); ``--shape-weights star=2`` draws clips whose first shape is
 a star twice as often as the others.
+
+``--sizes 256x33=0.6,384x57=0.1`` trains at several sizes (multi-resolution): each step draws one size by
+its share (the rest of the steps at ``--size``/``--frames``), from clips encoded at that size, with about
+the tokens of one ``--size`` batch per step; positions are interpolated to the ``--size`` grid
+(:mod:`kinegen.models.rope`), and the exported folder says so in ``kinegen_rope.json``.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from pathlib import Path
 
@@ -27,6 +33,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, load_model, save_file
 
 from ..data.shapes import SHAPES, recaption, render_clip, render_mask, sample_clip
+from ..models.rope import ROPE_FILE, install_position_interpolation, read_rope_file, write_rope_file
 from ..models.shapes_t2v import (
     MAX_SEQUENCE_LENGTH,
     build_scheduler,
@@ -39,37 +46,109 @@ from .configs import T2VTrainConfig
 from .vae import to_tensor
 
 CHUNK = 64
+SIZE_SEED_STRIDE = 50_000  # clips of the k-th --sizes entry use seeds k * SIZE_SEED_STRIDE further on
 
 
-def _clip_seed(cfg: T2VTrainConfig, i: int) -> int:
-    return 1_000_000 + cfg.seed * 100_000_007 + i
+@dataclasses.dataclass(frozen=True)
+class SizeBucket:
+    """One training size: ``size`` x ``size`` pixels, ``frames`` frames, the share of steps drawn at it, the
+    clips encoded at it and the clips per step."""
+
+    size: int
+    frames: int
+    share: float
+    clips: int
+    batch_size: int
+    index: int  # 0 for --size/--frames, k for the k-th --sizes entry
+
+    @property
+    def tokens(self) -> int:
+        return latent_grid(self.size, self.frames)[0] * latent_grid(self.size, self.frames)[1] ** 2
+
+    @property
+    def folder_name(self) -> str:
+        return "latents" if self.index == 0 else f"latents_{self.size}x{self.frames}"
+
+
+def latent_grid(size: int, frames: int) -> tuple[int, int]:
+    """Transformer tokens per axis (frames, side) of a ``frames`` x ``size`` x ``size`` clip: the VAE's 4x time and
+    8x space, then the transformer's (1, 2, 2) patches."""
+    return (frames - 1) // 4 + 1, size // 16
+
+
+def parse_sizes(text: str, cfg: T2VTrainConfig) -> list[SizeBucket]:
+    """``"256x33=0.6,384x57=0.1"`` -> the training sizes, ``--size``/``--frames`` first with the remaining share.
+
+    Each further size holds ``dataset_clips`` scaled by its tokens (the same latent volume; at least 64 clips, or
+    ``dataset_clips`` if fewer) and ``batch_size`` scaled the same way (at least 1), so a step costs about the
+    same tokens at every size.
+    """
+    base_tokens = latent_grid(cfg.size, cfg.frames)[0] * latent_grid(cfg.size, cfg.frames)[1] ** 2
+    extra, seen = [], {(cfg.size, cfg.frames)}
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        dims, sep, share = item.partition("=")
+        h, x, f = dims.strip().partition("x")
+        try:
+            size, frames, weight = int(h), int(f), float(share)
+        except ValueError:
+            raise ValueError(f"--sizes {text!r}: expected SIZExFRAMES=SHARE items, e.g. '256x33=0.6,384x57=0.1'") \
+                from None
+        if not x or not sep or size % 16 or size < 16 or frames % 4 != 1:
+            raise ValueError(f"--sizes: {item!r} needs a size that is a multiple of 16, frames of the form 4k + 1 "
+                             "and a share, e.g. '256x33=0.6'")
+        if not 0 < weight <= 1:
+            raise ValueError(f"--sizes: the share of {dims.strip()} must be above 0 and at most 1; got {share}")
+        if (size, frames) in seen:
+            raise ValueError(f"--sizes: {dims.strip()} is given twice (or is --size x --frames itself)")
+        seen.add((size, frames))
+        extra.append((size, frames, weight))
+    rest = 1 - sum(w for _, _, w in extra)
+    if rest < -1e-9:
+        raise ValueError(f"--sizes {text!r}: the shares add up to more than 1")
+    buckets = [SizeBucket(cfg.size, cfg.frames, max(rest, 0.0), cfg.dataset_clips, cfg.batch_size, 0)]
+    for k, (size, frames, weight) in enumerate(extra, start=1):
+        ratio = base_tokens / (latent_grid(size, frames)[0] * latent_grid(size, frames)[1] ** 2)
+        clips = max(min(64, cfg.dataset_clips), round(cfg.dataset_clips * ratio))
+        buckets.append(SizeBucket(size, frames, weight, clips, max(1, round(cfg.batch_size * ratio)), k))
+    return buckets
+
+
+def _clip_seed(cfg: T2VTrainConfig, i: int, bucket: int = 0) -> int:
+    return 1_000_000 + cfg.seed * 100_000_007 + bucket * SIZE_SEED_STRIDE + i
 
 
 @torch.no_grad()
-def encode_dataset(run_dir: Path, cfg: T2VTrainConfig, vae) -> tuple[torch.Tensor, list[int]]:
-    """Normalised VAE latents of the training clips, encoded once and cached in chunks."""
-    folder = run_dir / "latents"
+def encode_dataset(run_dir: Path, cfg: T2VTrainConfig, vae, bucket: SizeBucket | None = None
+                   ) -> tuple[torch.Tensor, list[int]]:
+    """Normalised VAE latents of the training clips at one size (default ``--size``/``--frames``), encoded once
+    and cached in chunks."""
+    bucket = bucket or SizeBucket(cfg.size, cfg.frames, 1.0, cfg.dataset_clips, cfg.batch_size, 0)
+    folder = run_dir / bucket.folder_name
     folder.mkdir(parents=True, exist_ok=True)
     mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
     std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
+    # clips per VAE call: batching makes the Wan VAE's encoder 4x faster per clip on CPU (batch 1 at 256x33:
+    # 7.7 s a clip, batch 4: 1.8 s); at most 8 clips of 256x33's pixels, and never fewer than 4
+    per_call = min(8, max(4, 8 * 256 * 256 * 33 // (bucket.size ** 2 * bucket.frames)))
     chunks = []
     t0 = time.perf_counter()
-    n_chunks = (cfg.dataset_clips + CHUNK - 1) // CHUNK
+    n_chunks = (bucket.clips + CHUNK - 1) // CHUNK
     for c in range(n_chunks):
         path = folder / f"chunk_{c:04d}.safetensors"
         if not path.is_file():
-            seeds = [_clip_seed(cfg, i) for i in range(c * CHUNK, min((c + 1) * CHUNK, cfg.dataset_clips))]
+            seeds = [_clip_seed(cfg, i, bucket.index) for i in range(c * CHUNK, min((c + 1) * CHUNK, bucket.clips))]
             parts = []
-            for j in range(0, len(seeds), 8):
-                clips = np.stack([render_clip(sample_clip(s, split="train"), cfg.frames, cfg.size, cfg.size)
-                                  for s in seeds[j:j + 8]])
+            for j in range(0, len(seeds), per_call):
+                clips = np.stack([render_clip(sample_clip(s, split="train"), bucket.frames, bucket.size, bucket.size)
+                                  for s in seeds[j:j + per_call]])
                 parts.append(vae.encode(to_tensor(clips)).latent_dist.mode())
             lat = (torch.cat(parts) - mean) / std
             save_file({"latents": lat.half().contiguous()}, str(path))
             rate = (c + 1) / (time.perf_counter() - t0)
-            print(f"encoded chunk {c + 1}/{n_chunks} ({rate * CHUNK:.1f} clips/s)", flush=True)
+            print(f"encoded {bucket.size}x{bucket.frames} chunk {c + 1}/{n_chunks} ({rate * CHUNK:.1f} clips/s)",
+                  flush=True)
         chunks.append(load_file(str(path))["latents"])
-    seeds = [_clip_seed(cfg, i) for i in range(cfg.dataset_clips)]
+    seeds = [_clip_seed(cfg, i, bucket.index) for i in range(bucket.clips)]
     return torch.cat(chunks).float(), seeds
 
 
@@ -220,20 +299,29 @@ def train_t2v(run_dir: str | Path, cfg: T2VTrainConfig) -> Path:
     from diffusers import AutoencoderKLWan
 
     shape_table = parse_shape_weights(cfg.shape_weights)  # bad settings fail before the dataset is encoded
+    buckets = parse_sizes(cfg.sizes, cfg)
     if cfg.init:
         _init_files(Path(cfg.init))
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     vae = AutoencoderKLWan.from_pretrained(cfg.vae, use_safetensors=True).eval()
-    latents, seeds = encode_dataset(run_dir, cfg, vae)
-    specs = [sample_clip(s, split="train") for s in seeds]
-    masks = latent_object_masks(specs, cfg.frames, cfg.size) if cfg.object_weight else None
+    data = []  # per bucket: latents, specs, masks, sampling weights
+    for bucket in buckets:
+        latents, seeds = encode_dataset(run_dir, cfg, vae, bucket)
+        specs = [sample_clip(s, split="train") for s in seeds]
+        masks = latent_object_masks(specs, bucket.frames, bucket.size) if cfg.object_weight else None
+        data.append((latents, specs, masks, clip_sampling_weights(specs, shape_table)))
+    frames_grid, side = latent_grid(cfg.size, cfg.frames)
+    reference_grid = (frames_grid, side, side) if (
+        len(buckets) > 1 or (cfg.init and read_rope_file(cfg.init))) else None
 
     torch.manual_seed(cfg.seed)
     tokenizer = build_tokenizer()
     text_encoder = build_text_encoder(vocab_size=128)
     transformer = build_transformer()
     _rope_to_float32(transformer)
+    if reference_grid is not None:
+        install_position_interpolation(transformer, reference_grid)
     cross = PaddedTextCrossAttention()
     for block in transformer.blocks:
         block.attn2.set_processor(cross)
@@ -246,22 +334,28 @@ def train_t2v(run_dir: str | Path, cfg: T2VTrainConfig) -> Path:
     ckpt_modules = {**modules, **{f"ema_{k}": m for k, m in ema.items()}}
     step, _ = load_checkpoint(run_dir, ckpt_modules, opt)
     n_params = sum(p.numel() for p in params) / 1e6
-    print(f"T2V: {n_params:.2f}M trainable parameters, {len(seeds)} clips; starting at step {step}", flush=True)
-    weights = clip_sampling_weights(specs, shape_table)
+    sizes = ", ".join(f"{len(d[1])} at {b.size}x{b.frames} ({b.share:.0%} of steps, {b.batch_size} per step)"
+                      for b, d in zip(buckets, data, strict=True))
+    print(f"T2V: {n_params:.2f}M trainable parameters, clips: {sizes}; starting at step {step}", flush=True)
+    shares = torch.tensor([b.share for b in buckets], dtype=torch.float64)
     progress = Progress(run_dir, cfg.steps, step)
     box = TimeBox(cfg.steps, cfg.checkpoint_every, cfg.max_minutes)
     for m in modules.values():
         m.train()
     while step < cfg.steps:
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+        # one size per step (a single-size run draws nothing here, so its batches are what they always were)
+        b = 0 if len(buckets) == 1 else int(torch.multinomial(shares, 1, generator=gen))
+        latents, specs, masks, weights = data[b]
+        batch_size = buckets[b].batch_size
         if shape_table:
-            idx = torch.multinomial(weights, cfg.batch_size, replacement=True, generator=gen)
+            idx = torch.multinomial(weights, batch_size, replacement=True, generator=gen)
         else:  # uniform, drawn as stages 1 and 2 of the bundled model were
-            idx = torch.randint(len(seeds), (cfg.batch_size,), generator=gen)
+            idx = torch.randint(len(specs), (batch_size,), generator=gen)
         x0 = latents[idx]
         captions = batch_captions(specs, idx, step, cfg.cfg_dropout, gen)
         noise = torch.randn(x0.shape, generator=gen)
-        s = _sigmas(cfg.batch_size, cfg.flow_shift, gen).view(-1, 1, 1, 1, 1)
+        s = _sigmas(batch_size, cfg.flow_shift, gen).view(-1, 1, 1, 1, 1)
         xt = (1 - s) * x0 + s * noise
         for g in opt.param_groups:
             g["lr"] = cosine_lr(step, cfg.steps, cfg.lr, warmup=200)
@@ -282,13 +376,15 @@ def train_t2v(run_dir: str | Path, cfg: T2VTrainConfig) -> Path:
             break
     progress.close()
     return export_pipeline(run_dir / "pipeline", tokenizer, ema["text_encoder"], vae, ema["transformer"],
-                           cfg.flow_shift, defaults=dict(height=cfg.size, width=cfg.size, frames=cfg.frames))
+                           cfg.flow_shift, defaults=dict(height=cfg.size, width=cfg.size, frames=cfg.frames),
+                           reference_grid=reference_grid)
 
 
 def export_pipeline(folder: Path, tokenizer, text_encoder, vae, transformer, flow_shift: float,
-                    defaults: dict | None = None) -> Path:
+                    defaults: dict | None = None, reference_grid=None) -> Path:
     """Save a standard diffusers WanPipeline folder (safetensors only) with ``kinegen_defaults.json``:
-    ``defaults`` (the training size) over the bundled model's registry entry."""
+    ``defaults`` (the training size) over the bundled model's registry entry; with ``reference_grid``, also
+    ``kinegen_rope.json`` (positions interpolated to that grid at other sizes)."""
     from diffusers import WanPipeline
     from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
@@ -303,6 +399,10 @@ def export_pipeline(folder: Path, tokenizer, text_encoder, vae, transformer, flo
     pipe = WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder.eval(), vae=vae.eval(),
                        scheduler=build_scheduler(flow_shift), transformer=transformer.eval())
     pipe.save_pretrained(folder, safe_serialization=True)
+    if reference_grid is not None:
+        write_rope_file(folder, reference_grid)
+    elif (Path(folder) / ROPE_FILE).exists():
+        (Path(folder) / ROPE_FILE).unlink()
     bundled = get_model_spec("kinegen-shapes-t2v")
     write_generation_defaults(folder, **{"height": bundled.height, "width": bundled.width, "frames": bundled.frames,
                                          "steps": bundled.steps, "guidance": bundled.guidance, "fps": bundled.fps,
