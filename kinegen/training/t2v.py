@@ -63,7 +63,7 @@ class SizeBucket:
 
     @property
     def tokens(self) -> int:
-        return latent_grid(self.size, self.frames)[0] * latent_grid(self.size, self.frames)[1] ** 2
+        return latent_tokens(self.size, self.frames)
 
     @property
     def folder_name(self) -> str:
@@ -76,6 +76,12 @@ def latent_grid(size: int, frames: int) -> tuple[int, int]:
     return (frames - 1) // 4 + 1, size // 16
 
 
+def latent_tokens(size: int, frames: int) -> int:
+    """Transformer tokens per forward of a ``frames`` x ``size`` x ``size`` clip."""
+    grid_frames, side = latent_grid(size, frames)
+    return grid_frames * side * side
+
+
 def parse_sizes(text: str, cfg: T2VTrainConfig) -> list[SizeBucket]:
     """``"256x33=0.6,384x57=0.1"`` -> the training sizes, ``--size``/``--frames`` first with the remaining share.
 
@@ -83,7 +89,7 @@ def parse_sizes(text: str, cfg: T2VTrainConfig) -> list[SizeBucket]:
     ``dataset_clips`` if fewer) and ``batch_size`` scaled the same way (at least 1), so a step costs about the
     same tokens at every size.
     """
-    base_tokens = latent_grid(cfg.size, cfg.frames)[0] * latent_grid(cfg.size, cfg.frames)[1] ** 2
+    base_tokens = latent_tokens(cfg.size, cfg.frames)
     extra, seen = [], {(cfg.size, cfg.frames)}
     for item in filter(None, (t.strip() for t in text.split(","))):
         dims, sep, share = item.partition("=")
@@ -107,7 +113,7 @@ def parse_sizes(text: str, cfg: T2VTrainConfig) -> list[SizeBucket]:
         raise ValueError(f"--sizes {text!r}: the shares add up to more than 1")
     buckets = [SizeBucket(cfg.size, cfg.frames, max(rest, 0.0), cfg.dataset_clips, cfg.batch_size, 0)]
     for k, (size, frames, weight) in enumerate(extra, start=1):
-        ratio = base_tokens / (latent_grid(size, frames)[0] * latent_grid(size, frames)[1] ** 2)
+        ratio = base_tokens / latent_tokens(size, frames)
         clips = max(min(64, cfg.dataset_clips), round(cfg.dataset_clips * ratio))
         buckets.append(SizeBucket(size, frames, weight, clips, max(1, round(cfg.batch_size * ratio)), k))
     return buckets
@@ -122,7 +128,7 @@ def encode_dataset(run_dir: Path, cfg: T2VTrainConfig, vae, bucket: SizeBucket |
                    ) -> tuple[torch.Tensor, list[int]]:
     """Normalised VAE latents of the training clips at one size (default ``--size``/``--frames``), encoded once
     and cached in chunks."""
-    bucket = bucket or SizeBucket(cfg.size, cfg.frames, 1.0, cfg.dataset_clips, cfg.batch_size, 0)
+    bucket = bucket or parse_sizes("", cfg)[0]
     folder = run_dir / bucket.folder_name
     folder.mkdir(parents=True, exist_ok=True)
     mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
