@@ -84,6 +84,8 @@ def test_parse_sizes():
     assert (mid.size, mid.frames, mid.share, mid.tokens, mid.clips, mid.batch_size) == (256, 33, 0.6, 2304, 853, 1)
     assert (big.tokens, big.clips, big.batch_size, big.folder_name) == (8640, 228, 1, "latents_384x57")
     assert len(parse_sizes("", cfg)) == 1
+    with pytest.raises(ValueError, match="at most 50000"):  # the sizes' seed ranges would overlap
+        parse_sizes("256x33=0.5", T2VTrainConfig(dataset_clips=50_001))
     for bad, match in [("256x33", "SIZExFRAMES=SHARE"), ("250x33=0.5", "multiple of 16"), ("256x32=0.5", "4k"),
                        ("256x33=0", "above 0"), ("256x33=0.6,384x57=0.6", "more than 1"),
                        ("128x17=0.5", "twice"), ("256x33=0.3,256x33=0.3", "twice"), ("big=1", "SIZExFRAMES")]:

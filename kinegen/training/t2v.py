@@ -108,6 +108,9 @@ def parse_sizes(text: str, cfg: T2VTrainConfig) -> list[SizeBucket]:
             raise ValueError(f"--sizes: {dims.strip()} is given twice (or is --size x --frames itself)")
         seen.add((size, frames))
         extra.append((size, frames, weight))
+    if extra and cfg.dataset_clips > SIZE_SEED_STRIDE:  # each size's clips draw seeds from their own range
+        raise ValueError(f"--sizes: --dataset-clips can be at most {SIZE_SEED_STRIDE} with further sizes; "
+                         f"got {cfg.dataset_clips}")
     rest = 1 - sum(w for _, _, w in extra)
     if rest < -1e-9:
         raise ValueError(f"--sizes {text!r}: the shares add up to more than 1")
