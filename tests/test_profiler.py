@@ -6,11 +6,12 @@ import json
 
 import numpy as np
 import pytest
+from PIL import Image
 
 import kinegen
 from kinegen.cli import main
 from kinegen.errors import ConfigError
-from kinegen.media import read_video
+from kinegen.media import read_video, to_uint8
 from kinegen.profiling import metrics
 from kinegen.profiling.runner import parse_config
 
@@ -70,12 +71,16 @@ def test_cached_run_differs_and_is_reported(wan_report, wan):
 def test_files_written(wan_report):
     report, out = wan_report
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["latency.png", "report.json", "report.md", "side_by_side.mp4", "speedup_vs_psnr.png"]
+    assert names == ["latency.png", "report.json", "report.md", "side_by_side.mp4", "speedup_vs_psnr.png",
+                     "stills.png"]
     md = (out / "report.md").read_text()
     assert "| dense |" in md and "| first-block:threshold=1.0 |" in md
     assert "Chunk by chunk" not in md and "Refused" not in md
     video = read_video(out / "side_by_side.mp4")
     assert video.shape[0] == 9 and video.shape[2] == 3 * 64  # three tiles side by side
+    still = np.asarray(Image.open(out / "stills.png").convert("RGB"))  # a labelled row per configuration
+    assert still.shape == (3 * (18 + 64), 3 * 64, 3)  # frames 0, 4 and 8 of each; 18-pixel label bars
+    assert np.array_equal(still[18:82, 128:192], to_uint8(report.outputs["dense"])[8])
 
 
 def test_cli_profile_image_model(tmp_path, capsys):

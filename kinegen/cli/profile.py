@@ -22,7 +22,9 @@ def add_parser(subparsers) -> None:
                     "(PSNR, SSIM) against dense; for an autoregressive (chunk-by-chunk) model also transformer time "
                     "and KV cache per chunk, time to first frame and frames per second. A configuration the model's "
                     "family refuses is reported with the reason, not run. Writes DIR/report.json, DIR/report.md, "
-                    "DIR/speedup_vs_psnr.png, DIR/latency.png and a side-by-side video (or image) of the outputs.",
+                    "DIR/speedup_vs_psnr.png, DIR/latency.png, DIR/side_by_side.mp4 (the first request's outputs "
+                    "tiled) and DIR/stills.png (their first, middle and last frames, a row per configuration); an "
+                    "image model gets DIR/side_by_side.png instead of both.",
         epilog=EPILOG_ACCEL + " Join accelerators with '+' to combine them in one configuration; 'dense' times "
                "the baseline against itself.",
     )

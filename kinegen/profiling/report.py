@@ -1,4 +1,4 @@
-"""Writing a profile: report.json, report.md, two plots and a side-by-side video.
+"""Writing a profile: report.json, report.md, two plots, a side-by-side video and its stills.
 
 Every file is written atomically (a temporary file renamed into place).
 """
@@ -159,6 +159,23 @@ def side_by_side(report: ProfileReport) -> np.ndarray:
     return np.concatenate(rows, axis=1)
 
 
+def stills(outputs: dict[str, np.ndarray], max_side: int = 160) -> np.ndarray:
+    """One labelled row per configuration: the first, middle and last frame of its output, each at most
+    ``max_side`` pixels on its longer side: ``[H', W', 3]`` uint8 (a still of a video comparison, for documents)."""
+    import cv2
+
+    rows = []
+    for label, video in outputs.items():
+        frames = to_uint8(video)
+        f, h, w, _ = frames.shape
+        scale = min(1.0, max_side / max(h, w))
+        size = (max(1, round(w * scale)), max(1, round(h * scale)))
+        picks = [frames[i] for i in sorted({0, f // 2, f - 1})]
+        row = np.concatenate([cv2.resize(x, size, interpolation=cv2.INTER_AREA) for x in picks], axis=1)
+        rows.append(_label(row, label))
+    return np.concatenate(rows, axis=0)
+
+
 def write_report(report: ProfileReport, output_dir: Path) -> dict[str, Path]:
     output_dir.mkdir(parents=True, exist_ok=True)
     paths = {
@@ -168,6 +185,8 @@ def write_report(report: ProfileReport, output_dir: Path) -> dict[str, Path]:
         "latency": output_dir / "latency.png",
         "side_by_side": output_dir / ("side_by_side.mp4" if report.kind == "video" else "side_by_side.png"),
     }
+    if report.kind == "video":
+        paths["stills"] = output_dir / "stills.png"
     with atomic_path(paths["json"]) as tmp:
         tmp.write_text(json.dumps(json_safe(report.to_dict()), indent=2, allow_nan=False) + "\n")
     with atomic_path(paths["markdown"]) as tmp:
@@ -183,6 +202,7 @@ def write_report(report: ProfileReport, output_dir: Path) -> dict[str, Path]:
     grid = side_by_side(report)
     if report.kind == "video":
         write_video(paths["side_by_side"], grid, fps=report.fps)
+        write_image(paths["stills"], stills({r["config"]: report.outputs[r["config"]] for r in report.runs}))
     else:
         write_image(paths["side_by_side"], grid[0])
     return paths
