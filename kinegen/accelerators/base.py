@@ -11,7 +11,8 @@ An apply function has one signature::
 
 and the handle it returns has ``.stats()`` (a JSON-able dict) and ``.remove()`` (restore the
 pipeline exactly). ``kind`` groups accelerators that cannot be stacked: at most one ``cache`` and
-one ``attention`` accelerator at a time.
+one ``attention`` accelerator at a time (diffusion pipelines), and one ``prune`` (token pruning of
+an omni thinker's prefill, :mod:`kinegen.omniselect`).
 
 The step count reaches an accelerator by one channel only: ``RunInfo.num_inference_steps``. Which
 step a transformer call belongs to is answered by one :class:`StepTracker` per hook, per guidance
@@ -29,7 +30,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..text import parse_bool
 
-KINDS = ("cache", "attention")
+KINDS = ("cache", "attention", "prune")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any
 from ..caching import diffusers_caches, map_guided  # noqa: F401  (registers the caches)
 from ..dasa import apply as dasa_apply  # noqa: F401  (registers dasa)
 from ..errors import ConfigError
+from ..omniselect import apply as omniselect_apply  # noqa: F401  (registers omniselect)
 from ..sparse_attn import apply, backends  # noqa: F401  (registers the attention accelerators)
 from .base import ACCELERATORS, KINDS, Accelerator, AcceleratorHandle, RunInfo, build_config, get_accelerator
 
@@ -69,11 +70,12 @@ def accelerate(pipe, *specs: str | Any, run: RunInfo | None = None) -> list[Acce
     """
     resolved = parse_specs(specs)
     run = run or RunInfo()
-    if resolved:
+    diffusion = [acc for acc, _ in resolved if acc.kind != "prune"]  # pruners check their omni family themselves
+    if diffusion:
         from ..adapters import check_supports, get_adapter
 
         adapter = run.adapter or get_adapter(pipe)
-        for acc, _ in resolved:
+        for acc in diffusion:
             check_supports(adapter, acc)
     handles: list[AcceleratorHandle] = []
     try:
