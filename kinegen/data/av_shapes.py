@@ -106,8 +106,8 @@ def _sample_object(rng: np.random.Generator, shape: str, colour: str, motion: st
         speed = float(rng.uniform(0.55, 0.8))
         ang = float(rng.choice([1, 3, 5, 7]) * math.pi / 4 + rng.uniform(-0.3, 0.3))
         start = (float(rng.uniform(0.3, 0.7)), float(rng.uniform(0.3, 0.7)))
-        return AVObject(shape, colour, motion, pitch, t_on, t_off, start, (speed * math.cos(ang), speed * math.sin(ang)),
-                        size)
+        velocity = (speed * math.cos(ang), speed * math.sin(ang))
+        return AVObject(shape, colour, motion, pitch, t_on, t_off, start, velocity, size)
     travel = float(rng.uniform(0.35, 0.5))
     v = travel / dur
     margin = size * 1.3
