@@ -1,4 +1,4 @@
-"""The ``kinegen`` command line: generate, models, profile, calibrate, train, eval, app, serve.
+"""The ``kinegen`` command line: generate, models, profile, calibrate, train, eval, understand, app, serve.
 
 Each command lives in its own module with ``add_parser(subparsers)`` and ``run(args) -> int``;
 the flags they share are in :mod:`kinegen.cli.common`. Every user error (bad size, unknown model
@@ -15,10 +15,10 @@ import sys
 from .. import __version__
 from ..errors import KinegenError
 from ..memory import out_of_memory_guard
-from . import app, calibrate, generate, models, profile, serve, train
+from . import app, calibrate, generate, models, profile, serve, train, understand
 from . import eval as evaluate
 
-COMMANDS = (generate, models, profile, calibrate, train, evaluate, app, serve)
+COMMANDS = (generate, models, profile, calibrate, train, evaluate, understand, app, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,7 @@
 """``kinegen eval adherence``: per-attribute prompt adherence of a text-to-video model (optionally
 with accelerators); ``kinegen eval gan``: FD, KID, precision/recall, class accuracy and mode
-coverage of a class-conditional GAN."""
+coverage of a class-conditional GAN; ``kinegen eval omni``: question answering accuracy of an omni
+model on procedural clips with sound (optionally with token pruning)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,19 @@ def add_parser(subparsers) -> None:
     evg.add_argument("--inception-weights", metavar="PATH", help="local Inception weights for the FID")
     evg.add_argument("--output", "-o", metavar="FILE", help="write the metrics as JSON")
     evg.set_defaults(func=run_gan)
+    evo = esub.add_parser(
+        "omni", help="accuracy of an omni model on procedural questions about clips with sound",
+        description="Ask an omni model every question of N procedural clips with sound (held-out attribute "
+                    "combinations by default) and report accuracy per sense needed (video, audio, both), per "
+                    "question template, caption match, and with --prune the regime accuracy and the prefill time.")
+    evo.add_argument("--model", "-m", default="kinegen-shapes-omni", help="omni model (default: %(default)s)")
+    evo.add_argument("--clips", type=int, default=50, metavar="N", help="clips (default: %(default)s)")
+    evo.add_argument("--split", choices=["train", "held_out"], default="held_out", help="(default: %(default)s)")
+    evo.add_argument("--seed", type=int, default=0, help="seed of the clip set (default: 0)")
+    evo.add_argument("--prune", metavar="NAME[:k=v,...]", help="evaluate with token pruning, e.g. omniselect:keep=0.3")
+    evo.add_argument("--relevance", default="auto", help="auto, heuristic or a scorer folder (default: %(default)s)")
+    evo.add_argument("--output", "-o", metavar="FILE", help="write the results (with every answer) as JSON")
+    evo.set_defaults(func=run_omni)
 
 
 def run_adherence(args) -> int:
@@ -100,4 +114,30 @@ def run_gan(args) -> int:
                                                    if "inception_fid" in m else ""))
     if args.output:
         atomic_write_text(args.output, json.dumps(m, indent=2) + "\n")
+    return 0
+
+
+def run_omni(args) -> int:
+    from ..errors import ConfigError
+    from ..evaluation.omni import evaluate_omni
+    from ..media import atomic_write_text
+    from ..pipelines.omni_understand import OmniUnderstandingPipeline, _prune_config
+
+    if args.clips < 1:
+        raise ConfigError("--clips must be at least 1 (50 or more for a stable estimate).")
+    _prune_config(args.prune)
+    pipe = OmniUnderstandingPipeline.from_pretrained(args.model, relevance=args.relevance)
+
+    def progress(i, n):
+        print(f"\r{i}/{n}", end="", file=sys.stderr, flush=True)
+
+    r = evaluate_omni(pipe, args.clips, args.split, seed=args.seed, prune=args.prune, progress=progress)
+    print(file=sys.stderr)
+    by = " | ".join(f"{k} {v:.1%}" for k, v in r["by_need"].items())
+    print(f"{args.model} on {r['questions']} {args.split} questions: {r['accuracy']:.1%} ({by}); captions "
+          f"{r['caption_match']:.1%}" + (f"; media kept {r['mean_media_keep']:.0%}" if args.prune else ""))
+    if r["regime_accuracy"]:
+        print("regime accuracy: " + " | ".join(f"{k} {v:.0%}" for k, v in r["regime_accuracy"].items()))
+    if args.output:
+        atomic_write_text(args.output, json.dumps(r, indent=1) + "\n")
     return 0

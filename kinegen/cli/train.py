@@ -1,5 +1,5 @@
 """``kinegen train WHAT``: train a part of the bundled models (vae, t2v, ar, dasa, adherence, gan,
-gan-classifier). Each run keeps a resumable checkpoint in its ``--run`` folder; ``--export``
+gan-classifier, omni, relevance). Each run keeps a resumable checkpoint in its ``--run`` folder; ``--export``
 copies the result into place when training ends."""
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ def add_parser(subparsers) -> None:
         DASATrainConfig,
         GANClassifierTrainConfig,
         GANTrainConfig,
+        OmniTrainConfig,
+        RelevanceTrainConfig,
         T2VTrainConfig,
         VAETrainConfig,
     )
@@ -37,6 +39,10 @@ def add_parser(subparsers) -> None:
                                             "shapes|imagefolder:PATH"),
         ("gan-classifier", GANClassifierTrainConfig, "assets/models/gan-eval-classifier",
          "the classifier whose features `kinegen eval gan` measures (held-out procedural images)"),
+        ("omni", OmniTrainConfig, "runs/omni", "the small omni model (a Qwen2.5-Omni thinker) on procedural clips "
+                                               "with sound and questions about them (docs/omniselect.md)"),
+        ("relevance", RelevanceTrainConfig, "runs/relevance", "the tri-modal relevance scorer OmniSelect reads "
+                                                              "(words, frames and sounds in one space)"),
     ]:
         tp = tsub.add_parser(name, help=helptext, description=f"Train {helptext}.")
         tp.add_argument("--run", default=run_dir, metavar="DIR", help="run folder (default: %(default)s)")
@@ -67,6 +73,10 @@ def run(args) -> int:
         from ..training.dasa import train_dasa as train
     elif args.what == "gan":
         from ..training.gan import train_gan as train
+    elif args.what == "omni":
+        from ..training.omni import train_omni as train
+    elif args.what == "relevance":
+        from ..training.trimodal import train_relevance as train
     else:
         from ..training.adherence import train_adherence as train
     result = Path(train(args.run, cfg))
@@ -79,7 +89,7 @@ def run(args) -> int:
 _RANGES = {"seed": (0, None), "crop": (8, 64), "size": (8, None), "resolution": (8, None), "cfg_dropout": (0, 1),
            "ema": (0, 1), "out_gain_init": (None, None), "offset_prob": (0, 1), "clean_prob": (0, 1),
            "sink_frames": (0, None), "max_start": (0, None),
-           "recycle_prob": (0, 1), "recycle_sigma": (0, 1)}
+           "recycle_prob": (0, 1), "recycle_sigma": (0, 1), "describe_share": (0, 1), "both_weight": (0, None)}
 
 
 def check_settings(args, cfg) -> None:

@@ -143,3 +143,29 @@ class GANClassifierTrainConfig:
     batch_size: int = 64
     resolution: int = 32
     seed: int = 0
+
+
+@dataclasses.dataclass
+class OmniTrainConfig:
+    """The small omni model ``kinegen-shapes-omni`` (docs/omniselect.md, "The omni model")."""
+
+    steps: int = 4000
+    batch_size: int = 16
+    lr: float = 1e-3
+    describe_share: float = 0.1  # share of questions that ask for a caption ("describe the video.")
+    both_weight: float = 2.0  # questions that need picture and sound drawn this many times as often
+    seed: int = 0
+    max_minutes: float | None = None
+    checkpoint_every: int = 200
+
+
+@dataclasses.dataclass
+class RelevanceTrainConfig:
+    """The tri-modal relevance scorer OmniSelect reads (docs/omniselect.md, "Relevance")."""
+
+    steps: int = 1500
+    batch_size: int = 64  # clips per step: one frame and one half-second audio segment of each
+    lr: float = 2e-3
+    seed: int = 0
+    max_minutes: float | None = None
+    checkpoint_every: int = 250

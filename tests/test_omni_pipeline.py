@@ -1,0 +1,129 @@
+"""The small omni model's processor, the understanding pipeline, ``kinegen understand`` and ``kinegen eval omni``
+on a random-weight thinker of the shipped architecture, and the tri-modal relevance scorer's plumbing."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from kinegen.cli import main
+from kinegen.data.av_shapes import render_audio, render_frames, sample_av_clip
+from kinegen.errors import InvalidRequestError, ModelNotFoundError
+from kinegen.media_av import write_av
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from kinegen.training.omni import build_model
+
+    model, proc = build_model(seed=0)
+    folder = tmp_path_factory.mktemp("omni") / "model"
+    model.save_pretrained(str(folder))
+    proc.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def video(tmp_path_factory):
+    clip = sample_av_clip(5, num_objects=2)
+    path = tmp_path_factory.mktemp("clip") / "clip.mp4"
+    write_av(path, render_frames(clip, np.arange(32) / 8), 8, render_audio(clip))
+    return path
+
+
+@pytest.fixture(scope="module")
+def pipe(model_dir):
+    from kinegen.pipelines.omni_understand import OmniUnderstandingPipeline
+
+    return OmniUnderstandingPipeline.from_pretrained(model_dir, relevance="heuristic")
+
+
+def test_processor_lays_clips_out_as_qwen2_5_omni_does(pipe):
+    """The model's own TMRoPE index reads the layout back: audio tokens consecutive in time, each video grid's
+    tokens at one time 25 ids (one second) after the last, chunks of 2 seconds interleaved."""
+    clip = sample_av_clip(3)
+    frames, audio = render_frames(clip, np.arange(8) * 0.5), render_audio(clip)
+    x = pipe.processor(["what colour is the square?"], [frames], [audio])
+    tok = pipe.processor.tokenizer
+    ids = x["input_ids"][0]
+    pos, _ = pipe.thinker.model.get_rope_index(ids[None], None, x["video_grid_thw"], x["attention_mask"], True,
+                                                x["feature_attention_mask"].sum(-1), x["video_second_per_grid"])
+    t, h, w = pos[:, 0]
+    audio_at = ids == tok.convert_tokens_to_ids("<|AUDIO|>")
+    video_at = ids == tok.convert_tokens_to_ids("<|VIDEO|>")
+    assert int(audio_at.sum()) == 100 and int(video_at.sum()) == 4 * 64  # 4 s: 25 audio tokens/s, 8x8 per grid
+    assert torch.equal(t[audio_at], h[audio_at]) and (t[audio_at].diff() == 1).all()
+    start = int(t[audio_at][0])
+    assert sorted(set((t[video_at] - start).tolist())) == [0, 25, 50, 75]
+    # interleaving: the first chunk's video (grids 0 and 1), then its audio (ids 0..49), then the second chunk
+    first_audio, first_late_video = audio_at.nonzero()[0], (video_at & (t - start >= 50)).nonzero()[0]
+    assert (video_at & (t - start < 50)).nonzero()[-1] < first_audio < first_late_video
+
+
+def test_understand_reports_pruning(pipe, video):
+    full = pipe.understand(video, "which shape makes the high tone?", max_new_tokens=3)
+    r = pipe.understand(video, "which shape makes the high tone?", prune="omniselect:keep=0.3", max_new_tokens=3)
+    assert full.prune is None and full.media_kept == full.media_tokens == 356 and full.has_audio
+    assert r.media_kept == round(0.3 * 356) and r.tokens_after == r.tokens_before - 356 + r.media_kept
+    assert r.regime == "uniform"  # the heuristic estimator does not read the question
+    assert r.video_kept_mask.shape == (256,) and r.video_grid == (4, 8, 8)
+    assert r.timings["prefill_s"] > 0 and isinstance(r.answer, str)
+    same = pipe.understand(video, "which shape makes the high tone?", prune="omniselect:keep=1.0", max_new_tokens=3)
+    assert same.answer == full.answer  # keep=1 answers exactly as the unpruned model
+
+
+def test_silent_video_and_bad_questions(pipe, tmp_path):
+    silent = write_av(tmp_path / "silent.mp4", render_frames(sample_av_clip(1), np.arange(16) / 4), 4)
+    r = pipe.understand(silent, "what colour is the circle?", prune="omniselect:keep=0.5", max_new_tokens=2)
+    assert not r.has_audio and r.media_tokens == 4 * 64
+    with pytest.raises(InvalidRequestError, match="at most 40"):
+        pipe.understand(silent, "what " * 60 + "?")
+    with pytest.raises(InvalidRequestError, match="empty"):
+        pipe.understand(silent, "  ")
+    with pytest.raises(Exception, match=r"keep must be in \(0, 1\]"):
+        pipe.understand(silent, "what colour is the circle?", prune="omniselect:keep=0")
+
+
+def test_cli_answers_as_json(model_dir, video, capsys):
+    assert main(["understand", str(video), "-q", "how many clicks are there?", "-m", str(model_dir),
+                 "--prune", "omniselect:keep=0.45,method=random", "--relevance", "heuristic", "--json",
+                 "--max-new-tokens", "2"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["media_kept"] == round(0.45 * 356) and out["prune"]["method"] == "random"
+    assert main(["understand", str(video), "-m", str(model_dir)]) == 2
+    assert "--question" in capsys.readouterr().err
+    assert main(["understand", str(video), "-q", "what?", "-m", str(model_dir / "missing")]) == 2
+    assert "bundled omni model" in capsys.readouterr().err
+
+
+def test_eval_omni_counts_every_question(model_dir, tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    assert main(["eval", "omni", "-m", str(model_dir), "--clips", "2", "--relevance", "heuristic",
+                 "--prune", "omniselect:keep=0.3", "-o", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["questions"] == len([x for x in r["records"] if x["needs"] != "describe"]) > 10
+    assert set(r["by_need"]) <= {"video", "audio", "both"} and 0.25 < r["mean_media_keep"] < 0.35
+
+
+def test_missing_models_are_named():
+    from kinegen.pipelines.omni_understand import resolve_omni_folder
+
+    with pytest.raises(ModelNotFoundError, match="kinegen-shapes-omni"):
+        resolve_omni_folder("no-such-model")
+
+
+def test_trimodal_scores_frames_and_sounds_in_one_space(tmp_path):
+    from kinegen.omniselect.trimodal import TriModalModel, TriModalRelevance, content_vocabulary
+
+    torch.manual_seed(0)
+    scorer = TriModalRelevance(TriModalModel(content_vocabulary()))
+    scorer.save_pretrained(tmp_path / "scorer")
+    again = TriModalRelevance.from_pretrained(tmp_path / "scorer")
+    clip = sample_av_clip(2, num_objects=2)
+    frames, audio = render_frames(clip, np.arange(8) * 0.5), render_audio(clip)
+    s = again.score(frames, np.arange(8) * 0.5, audio, 16000, "which shape makes the high tone?")
+    assert s.has_query and s.frame_scores.shape == (8,) and s.audio_scores.shape == (8,)
+    assert torch.allclose(s.frame_scores, scorer.score(frames, np.arange(8) * 0.5, audio, 16000,
+                                                       "which shape makes the high tone?").frame_scores)
+    assert not again.score(frames, np.arange(8) * 0.5, None, 16000, "what is it?").has_query
