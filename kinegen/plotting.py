@@ -129,3 +129,41 @@ def plot_latency(path: PathLike, labels: Sequence[str], median_s: Sequence[float
 
 
 __all__ = ["plot_latency", "plot_speedup_vs_psnr", "save_block_pattern", "save_heatmap"]
+
+
+def save_kept_tokens(path: PathLike, frames: np.ndarray, video_mask, grid: Sequence[int], audio: np.ndarray | None,
+                     audio_mask, sample_rate: int = 16000, title: str = "") -> str:
+    """What token pruning kept: for each temporal grid of the video (two frames), its first frame with pruned
+    tokens darkened; below, the waveform with the kept audio tokens shaded (25 per second).
+
+    ``video_mask`` is over the video tokens in sequence order (``grid = (t, h, w)`` merged tokens), ``audio_mask``
+    over the audio tokens, both booleans (or None: everything kept).
+    """
+    t, h, w = (int(g) for g in grid)
+    vm = np.ones(t * h * w, bool) if video_mask is None else np.asarray(video_mask, bool)
+    vm = vm.reshape(t, h, w)
+    step = max(len(frames) // t, 1)
+    fig = _figure((max(2.0 * t, 4.0), 4.2 if audio is not None else 2.4), dpi=100)
+    gs = fig.add_gridspec(2 if audio is not None else 1, t)
+    for i in range(t):
+        ax = fig.add_subplot(gs[0, i])
+        img = np.asarray(frames[min(i * step, len(frames) - 1)]).astype(np.float32) / 255.0
+        cell = np.kron(vm[i].astype(np.float32), np.ones((img.shape[0] // h + 1, img.shape[1] // w + 1)))
+        cell = cell[: img.shape[0], : img.shape[1], None]
+        ax.imshow(img * (0.25 + 0.75 * cell))
+        ax.set_title(f"{i * step / max(len(frames), 1) * t * 1.0:.0f}: {int(vm[i].sum())}/{h * w}", fontsize=8)
+        ax.axis("off")
+    if audio is not None:
+        ax = fig.add_subplot(gs[1, :])
+        times = np.arange(len(audio)) / sample_rate
+        ax.plot(times, audio, lw=0.4, color="0.3")
+        if audio_mask is not None:
+            for j, kept in enumerate(np.asarray(audio_mask, bool)):
+                if kept:
+                    ax.axvspan(j / 25, (j + 1) / 25, color="tab:orange", alpha=0.35, lw=0)
+        ax.set_xlim(0, max(times[-1] if len(times) else 1, 1e-3))
+        ax.set_xlabel("seconds (shaded: audio tokens kept)")
+        ax.set_yticks([])
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return _save(fig, path)

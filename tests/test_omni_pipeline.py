@@ -127,3 +127,51 @@ def test_trimodal_scores_frames_and_sounds_in_one_space(tmp_path):
     assert torch.allclose(s.frame_scores, scorer.score(frames, np.arange(8) * 0.5, audio, 16000,
                                                        "which shape makes the high tone?").frame_scores)
     assert not again.score(frames, np.arange(8) * 0.5, None, 16000, "what is it?").has_query
+
+
+def test_service_understands_uploads_within_its_bounds(model_dir, video, tmp_path):
+    from kinegen.apps.service import AppConfig, Service
+
+    svc = Service(AppConfig(models=["tiny-wan"], gan_models=[], omni_models=[str(model_dir)], output_dir=tmp_path,
+                            max_upload_seconds=10, rate_limit=2))
+    out = svc.understand(str(model_dir), str(video), "what colour is the square?", "omniselect:keep=0.3")
+    assert out["media_kept"] == round(0.3 * 356) and out["picture"].endswith(".png")
+    assert (tmp_path / "history.jsonl").read_text().count('"understand"') == 1
+    with pytest.raises(InvalidRequestError, match="limit is 1 s"):
+        Service(AppConfig(models=["tiny-wan"], gan_models=[], omni_models=[str(model_dir)], output_dir=tmp_path,
+                          max_upload_seconds=1)).understand(str(model_dir), str(video), "what?")
+    with pytest.raises(InvalidRequestError, match="offers the omni models"):
+        svc.understand("kinegen-shapes-omni", str(video), "what?")
+    with pytest.raises(InvalidRequestError, match="Upload a video"):
+        svc.understand(str(model_dir), None, "what?")
+    with pytest.raises(Exception, match="keep must be in"):
+        svc.understand(str(model_dir), str(video), "what?", "omniselect:keep=2")
+    svc.understand(str(model_dir), str(video), "what?")
+    with pytest.raises(Exception, match="(?i)rate|minute"):
+        svc.understand(str(model_dir), str(video), "what?")
+
+
+def test_the_understand_tab_answers_through_the_api(model_dir, video, tmp_path):
+    import socket
+
+    from gradio_client import Client, handle_file
+
+    from kinegen.apps.service import AppConfig
+    from kinegen.apps.web import launch_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = AppConfig(models=["tiny-wan"], gan_models=[], omni_models=[str(model_dir)], output_dir=tmp_path)
+    app = launch_app(config, port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+        answer, info, picture, _ = client.predict(str(model_dir), handle_file(str(video)),
+                                                  "which shape makes the high tone?", "omniselect", 0.3,
+                                                  api_name="/understand")
+        assert isinstance(answer, str) and "kept 107 (30%)" in info and picture.endswith(".png")
+        with pytest.raises(Exception, match="Ask a question"):
+            client.predict(str(model_dir), handle_file(str(video)), " ", "none", 0.3,
+                           api_name="/understand")
+    finally:
+        app.close()

@@ -55,6 +55,8 @@ class AppConfig:
         rate_limit: runs per user per minute (0 = unlimited); users are told apart by login name, else
             by client address.
         auth: ``[(user, password), ...]`` to require a login (None = open).
+        omni_models: omni models offered on the Understand tab (default: the bundled one where installed).
+        max_upload_mb, max_upload_seconds, max_question_chars: bounds of the Understand tab's uploads and questions.
     """
 
     models: list[str] = dataclasses.field(default_factory=lambda: list(DEFAULT_APP_MODELS))
@@ -74,6 +76,10 @@ class AppConfig:
     max_profile_repeats: int = 3
     history_size: int = 50
     preview_every: int = 0  # 0 = about five previews per run
+    omni_models: list[str] = dataclasses.field(default_factory=lambda: _installed_omni_models())
+    max_upload_mb: float = 50.0  # uploads to the Understand tab
+    max_upload_seconds: float = 60.0
+    max_question_chars: int = 300
 
     def __post_init__(self):
         self.output_dir = Path(self.output_dir)
@@ -83,6 +89,12 @@ class AppConfig:
             raise ConfigError("rate_limit must be 0 (off) or a positive number of runs per minute.")
         if not self.models and not self.gan_models:
             raise ConfigError("Offer at least one model (models or gan_models).")
+
+
+def _installed_omni_models() -> list[str]:
+    from ..pipelines.omni_understand import default_omni_models
+
+    return default_omni_models()
 
 
 class RateLimiter:
@@ -215,6 +227,7 @@ class LocalRunner:
         self.config = config
         self.locks: dict[str, threading.Lock] = collections.defaultdict(threading.Lock)
         self.load_lock = threading.Lock()
+        self._omni: dict[str, Any] = {}
 
     def pipeline(self, model: str, kind: str = "text"):
         """The loaded pipeline for an offered model (loaded on first use, then reused)."""
@@ -228,6 +241,22 @@ class LocalRunner:
             pipe = load_pipeline(model, cache=True)
         pipe.set_progress_bar_config(disable=True)
         return pipe
+
+    def omni(self, model: str):
+        """The loaded understanding pipeline of an offered omni model (loaded on first use, then reused)."""
+        if model not in self.config.omni_models:
+            raise InvalidRequestError(f"Omni model {model!r} is not offered by this server; choose one of: "
+                                      f"{', '.join(self.config.omni_models)}.")
+        from ..pipelines.omni_understand import OmniUnderstandingPipeline
+
+        with self.load_lock:
+            if model not in self._omni:
+                self._omni[model] = OmniUnderstandingPipeline.from_pretrained(model)
+        return self._omni[model]
+
+    def omni_lock(self, model: str) -> threading.Lock:
+        """Pruning hooks are installed on the shared model for one run: one run at a time per model."""
+        return self.locks[f"omni:{model}"]
 
     def model_defaults(self, model: str) -> dict[str, Any]:
         """The model's default settings (and ``autoregressive: True`` for a chunk-by-chunk model)."""
@@ -455,6 +484,48 @@ class Service:
                                     "num_images": int(num_images), "truncation": float(truncation)},
                         "accelerators": [], "output": str(path), "total_s": res.timings["total"]})
         return {"output": str(path), "timings": res.timings, "classes": res.class_names}
+
+    def understand(self, model: str, video: str | os.PathLike, question: str, prune: str | None = None,
+                   user: str = "anonymous") -> dict[str, Any]:
+        """Answer ``question`` about an uploaded ``video`` (its sound included) with an offered omni model, pruned
+        with ``prune`` (``"omniselect:keep=0.3"``, or None). The upload is checked first: its size, its length, that
+        it is a video (:func:`kinegen.media_av.read_av` with this server's bounds). Writes a picture of the kept
+        tokens over the frames and the waveform."""
+        from ..media_av import read_av
+        from ..plotting import save_kept_tokens
+
+        c = self.config
+        if model not in c.omni_models:
+            raise InvalidRequestError(f"This server offers the omni models {', '.join(c.omni_models) or '(none)'}; "
+                                      f"got {model!r}.")
+        question = (question or "").strip()
+        if not question:
+            raise InvalidRequestError("Ask a question about the video.")
+        if len(question) > c.max_question_chars:
+            raise InvalidRequestError(f"Questions are limited to {c.max_question_chars} characters here.")
+        if not video:
+            raise InvalidRequestError("Upload a video first.")
+        pipe = self.runner.omni(model)
+        av_in = read_av(video, fps=pipe.processor.config.fps, max_seconds=c.max_upload_seconds,
+                        max_bytes=int(c.max_upload_mb * 2**20))
+        pipe.processor.check_question(question)
+        if prune:
+            from ..accelerators.catalog import parse_spec
+
+            parse_spec(prune, kind="prune")
+        self.limiter.check(user)
+        with self.runner.omni_lock(model):
+            r = pipe.understand(av_in, question, prune=prune)
+        stem = f"{_stamp()}-understand-{slug(question, 32)}"
+        picture = save_kept_tokens(self.output_dir / f"{stem}.png", av_in.frames, r.video_kept_mask, r.video_grid,
+                                   av_in.audio, r.audio_kept_mask,
+                                   title=f"kept {r.media_kept} of {r.media_tokens} tokens"
+                                         + (f" ({r.regime} regime)" if r.regime and r.regime != "-" else ""))
+        out = {**r.to_dict(), "picture": picture, "model": model}
+        self._remember({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "type": "understand", "user": user,
+                        "model": model, "request": {"prompt": question, "seed": 0}, "accelerators":
+                        [prune] if prune else [], "output": picture, "total_s": sum(r.timings.values())})
+        return out
 
     def profile(self, model: str, prompts: list[str], configs: list[str], *, seeds: int = 1, repeats: int = 1,
                 steps: int | None = None, user: str = "anonymous", progress=None) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""``kinegen app``: the Gradio web UI (Generate, GAN, Profile, History) and its ``generate`` API.
+"""``kinegen app``: the Gradio web UI (Generate, GAN, Understand, Profile, History) and its API.
 
 The page is built from the registries: the model pickers list the server's models, and the
 accelerator pickers list every registered accelerator of each kind with its keys and defaults,
@@ -18,7 +18,7 @@ API (``gradio_client``)::
 # No `from __future__ import annotations` here: Gradio reads the handlers' annotations (gr.SelectData)
 # at runtime to know which parameters it fills in itself.
 from .service import AppConfig, Service
-from .tabs import gan, generate, history, profile
+from .tabs import gan, generate, history, profile, understand
 from .tabs.common import CSS, TabContext, accelerator_choices, page_error
 from .tabs.generate import preview_frame
 
@@ -38,9 +38,11 @@ def build_app(config: AppConfig | None = None, service: Service | None = None):
         with gr.Tabs() as tabs:
             gen_tab = generate.build(ctx)
             gan_tab = gan.build(ctx)
+            understand_tab = understand.build(ctx)
             profile.build(ctx)
             history_tab = history.build(ctx)
         _wire_history_select(svc, tabs, history_tab, gen_tab, gan_tab)
+        _wire_caption(svc, tabs, understand_tab, gen_tab)
     app.kinegen_service = svc
     return app
 
@@ -70,6 +72,25 @@ def _wire_history_select(svc: Service, tabs, history_tab: "history.HistoryTab", 
 
     history_tab.table.select(on_history_select, None, history_tab.outputs + gen_fields + gan_fields + [tabs],
                              api_visibility="private")
+
+
+def _wire_caption(svc: Service, tabs, understand_tab: "understand.UnderstandTab", gen_tab: "generate.GenerateTab"):
+    """The Understand tab's caption button: the omni model describes the uploaded video, and the caption becomes
+    the Generate tab's prompt (and the page switches to it)."""
+    import gradio as gr
+
+    from ..pipelines.omni_understand import CAPTION_QUESTION
+    from .tabs.common import user_name
+
+    def on_caption(model, video, request: gr.Request):
+        try:
+            out = svc.understand(model, video, CAPTION_QUESTION, None, user=user_name(request))
+        except Exception as err:
+            raise page_error(err) from None
+        return gr.update(value=out["answer"]), gr.Tabs(selected=generate.TAB_ID)
+
+    understand_tab.caption_button.click(on_caption, [understand_tab.model, understand_tab.video],
+                                        [gen_tab.prompt, tabs], concurrency_id="device", api_visibility="private")
 
 
 def launch_app(config: AppConfig, *, host: str = "127.0.0.1", port: int | None = None,

@@ -27,6 +27,10 @@ def add_parser(subparsers) -> None:
     app.add_argument("--gan-models", nargs="*", metavar="M", default=["kinegen-shapes-gan"],
                      help="class-conditional GANs for the GAN tab (default: %(default)s; --gan-models with no "
                           "names hides the tab)")
+    app.add_argument("--omni-models", nargs="*", metavar="M", default=None,
+                     help="omni models for the Understand tab: kinegen-shapes-omni or folders from `kinegen train "
+                          "omni` (default: the bundled one where it is installed; --omni-models with no names hides "
+                          "the tab)")
     app.add_argument("--output-dir", default="kinegen-app-outputs", metavar="DIR",
                      help="where outputs and history.jsonl are written (default: %(default)s)")
     app.add_argument("--concurrency", type=int, default=1, metavar="N",
@@ -77,7 +81,13 @@ def run(args) -> int:
                 other = "--models" if gan else "--gan-models"
                 raise ConfigError(f"{flag} {m}: it is {'not ' if gan else ''}a class-conditional GAN; give it "
                                   f"with {other}.")
-    config = AppConfig(models=list(args.models), gan_models=list(args.gan_models), output_dir=Path(args.output_dir),
+    from ..pipelines.omni_understand import default_omni_models, resolve_omni_folder
+
+    omni = default_omni_models() if args.omni_models is None else list(args.omni_models)
+    for m in omni:
+        resolve_omni_folder(m)  # an unknown name or a folder without a thinker: refused before the server starts
+    config = AppConfig(models=list(args.models), gan_models=list(args.gan_models), omni_models=omni,
+                       output_dir=Path(args.output_dir),
                        concurrency=args.concurrency, max_queue=args.max_queue, rate_limit=args.rate_limit,
                        auth=read_auth(args))
     print(f"Kinegen app on http://{args.host}:{args.port}/ (outputs in {config.output_dir.resolve()}); Ctrl+C stops it",

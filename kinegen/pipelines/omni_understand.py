@@ -50,6 +50,13 @@ class UnderstandResult:
         return d
 
 
+def default_omni_models() -> list[str]:
+    """The bundled omni models that are installed."""
+    from ..loading import ASSETS_DIR
+
+    return [m for m in OMNI_MODELS if (ASSETS_DIR / "models" / m / "config.json").is_file()]
+
+
 def resolve_omni_folder(model: str | Path) -> Path:
     """A bundled omni model's name or a folder -> its folder; the error names the bundled models."""
     from ..loading import ASSETS_DIR

@@ -185,6 +185,10 @@ class RemoteRunner:
         raise InvalidRequestError(f"This front end runs no model itself: generations run on the backend at {self.url}. "
                                   "GAN grids and profiles need the models in the same process: use `kinegen app`.")
 
+    def omni(self, model: str):
+        raise InvalidRequestError("This front end runs no model itself; understanding videos needs the omni model in "
+                                  "the same process: use `kinegen app`.")
+
     def model_defaults(self, model: str) -> dict[str, Any]:
         return dict(self._model(model)["defaults"])
 

@@ -27,6 +27,11 @@ class GenerateTab:
     attentions: list[str]
     svc: Any = None  # the service: a row's model decides the Frames field's label and step
 
+    @property
+    def prompt(self):
+        """The prompt box (the Understand tab's caption button fills it)."""
+        return self.settings[1]
+
     @staticmethod
     def show(entry: dict[str, Any]) -> list:
         """Values for :attr:`outputs` from a ``generate`` history entry: its video (or image) and where it came from."""
