@@ -175,3 +175,41 @@ def test_the_understand_tab_answers_through_the_api(model_dir, video, tmp_path):
                            api_name="/understand")
     finally:
         app.close()
+
+
+def test_clip_clap_backend_standardises_two_spaces(tmp_path):
+    """Local CLIP and CLAP folders (tiny random ones here): scores in reference-word standard deviations, so frames
+    and sounds compare; the folders load without a network."""
+    from transformers import ClapConfig, ClapFeatureExtractor, ClapModel, CLIPConfig, CLIPModel
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    from kinegen.models.tiny import char_tokenizer
+    from kinegen.pipelines.omni_understand import load_relevance
+
+    torch.manual_seed(0)
+    text = dict(vocab_size=128, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                max_position_embeddings=64)
+    clip = CLIPModel(CLIPConfig(text_config=text, vision_config=dict(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, image_size=32,
+        patch_size=8), projection_dim=16))
+    clap = ClapModel(ClapConfig(text_config={**text, "projection_dim": 16}, projection_dim=16, audio_config=dict(
+        window_size=4, num_mel_bins=16, spec_size=64, patch_size=2, patch_stride=(2, 2), depths=[1, 1],
+        num_attention_heads=[2, 2], hidden_size=32, patch_embeds_hidden_size=16, projection_dim=16,
+        enable_fusion=False)))
+    for model, proc, name in ((clip, CLIPImageProcessorPil(size={"shortest_edge": 32},
+                                                           crop_size={"height": 32, "width": 32}), "clip"),
+                              (clap, ClapFeatureExtractor(feature_size=16, sampling_rate=48000, max_length_s=1,
+                                                          hop_length=480, truncation="rand_trunc"), "clap")):
+        model.save_pretrained(str(tmp_path / name))
+        proc.save_pretrained(str(tmp_path / name))
+        char_tokenizer(64).save_pretrained(str(tmp_path / name))
+    scorer = load_relevance(f"clip-clap:{tmp_path / 'clip'},{tmp_path / 'clap'}")
+    clip_ = sample_av_clip(4, num_objects=2)
+    frames, audio = render_frames(clip_, np.arange(8) * 0.5), render_audio(clip_)
+    s = scorer.score(frames, np.arange(8) * 0.5, audio, 16000, "what colour is the star?")
+    assert s.has_query and s.frame_scores.shape == s.audio_scores.shape == (8,)
+    assert torch.isfinite(s.frame_scores).all() and s.frame_scores.abs().max() < 10  # standard deviations
+    with pytest.raises(InvalidRequestError, match="two folders"):
+        load_relevance(f"clip-clap:{tmp_path / 'clip'}")
+    with pytest.raises(ModelNotFoundError, match="no config.json"):
+        load_relevance(f"clip-clap:{tmp_path},{tmp_path / 'clap'}")

@@ -55,7 +55,8 @@ def add_parser(subparsers) -> None:
     evo.add_argument("--split", choices=["train", "held_out"], default="held_out", help="(default: %(default)s)")
     evo.add_argument("--seed", type=int, default=0, help="seed of the clip set (default: 0)")
     evo.add_argument("--prune", metavar="NAME[:k=v,...]", help="evaluate with token pruning, e.g. omniselect:keep=0.3")
-    evo.add_argument("--relevance", default="auto", help="auto, heuristic or a scorer folder (default: %(default)s)")
+    evo.add_argument("--relevance", default="auto", help="auto, heuristic, clip-clap:CLIP_DIR,CLAP_DIR or a scorer "
+                                                          "folder (default: %(default)s)")
     evo.add_argument("--output", "-o", metavar="FILE", help="write the results (with every answer) as JSON")
     evo.set_defaults(func=run_omni)
 

@@ -21,7 +21,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--prune", metavar="NAME[:k=v,...]", help="e.g. omniselect:keep=0.3 (default: no pruning)")
     p.add_argument("--relevance", default="auto",
                    help="the relevance estimator OmniSelect reads: auto (the bundled tri-modal scorer), heuristic, "
-                        "or a scorer folder (default: %(default)s)")
+                        "clip-clap:CLIP_DIR,CLAP_DIR (local folders), or a scorer folder (default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=32, help="longest answer (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run)

@@ -174,13 +174,21 @@ def _prune_config(prune):
 
 
 def load_relevance(which: str | None):
-    """``auto``, ``heuristic``, a scorer folder, or None -> an estimator (or None)."""
+    """``auto``, ``heuristic``, ``clip-clap:CLIP_DIR,CLAP_DIR``, a tri-modal scorer folder, or None -> an estimator
+    (or None)."""
     from ..omniselect.relevance import HeuristicRelevance
 
     if which is None:
         return None
     if which == "heuristic":
         return HeuristicRelevance()
+    if which.startswith("clip-clap:"):
+        from ..omniselect.clip_clap import ClipClapRelevance
+
+        folders = which.split(":", 1)[1].split(",")
+        if len(folders) != 2:
+            raise InvalidRequestError("--relevance clip-clap takes two folders: clip-clap:CLIP_DIR,CLAP_DIR.")
+        return ClipClapRelevance.from_folders(*folders)
     if which == "auto":
         try:
             from ..omniselect.trimodal import load_bundled_scorer
@@ -191,5 +199,6 @@ def load_relevance(which: str | None):
     from ..omniselect.trimodal import TriModalRelevance
 
     if not Path(which).is_dir():
-        raise InvalidRequestError(f"--relevance {which}: give auto, heuristic, or a tri-modal scorer folder.")
+        raise InvalidRequestError(f"--relevance {which}: give auto, heuristic, clip-clap:CLIP_DIR,CLAP_DIR, or a "
+                                  "tri-modal scorer folder.")
     return TriModalRelevance.from_pretrained(which)
