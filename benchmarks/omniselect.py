@@ -229,8 +229,9 @@ def part_prefill_3b(rounds: int, layers: int = 2) -> dict:
            "projected_full_depth_speedup": full_dense / full_pruned,
            "projected_full_depth_s": {"dense": full_dense, "pruned": full_pruned}}
     print(f"3B-shaped, {layers} layers per tower, {n} tokens: prefill {med['dense']:.2f} s dense, "
-          f"{med['pruned']:.2f} s at keep 0.3 ({out['measured_speedup']:.2f}x; language model {out['lm_speedup']:.2f}x); projected to full "
-          f"depth {full_dense:.1f} s -> {full_pruned:.1f} s ({out['projected_full_depth_speedup']:.2f}x)", flush=True)
+          f"{med['pruned']:.2f} s at keep 0.3 ({out['measured_speedup']:.2f}x; language model "
+          f"{out['lm_speedup']:.2f}x); projected to full depth {full_dense:.1f} s -> {full_pruned:.1f} s "
+          f"({out['projected_full_depth_speedup']:.2f}x)", flush=True)
     return out
 
 
