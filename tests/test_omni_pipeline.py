@@ -213,3 +213,49 @@ def test_clip_clap_backend_standardises_two_spaces(tmp_path):
         load_relevance(f"clip-clap:{tmp_path / 'clip'}")
     with pytest.raises(ModelNotFoundError, match="no config.json"):
         load_relevance(f"clip-clap:{tmp_path},{tmp_path / 'clap'}")
+
+
+def test_understand_tab_in_chromium_answers_and_captions_into_generate(model_dir, video, tmp_path):
+    """Upload, ask, see the answer, the regime line and the kept-token picture; the caption button fills the
+    Generate tab's prompt with the video's caption and switches to it."""
+    import os
+    import shutil
+    import socket
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        if os.environ.get("KINEGEN_REQUIRE_CHROMIUM"):
+            pytest.fail("chromium is required here (KINEGEN_REQUIRE_CHROMIUM is set): apt-get install chromium")
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from kinegen.apps.service import AppConfig
+    from kinegen.apps.web import launch_app
+    from kinegen.pipelines.omni_understand import OmniUnderstandingPipeline
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = AppConfig(models=["tiny-wan"], gan_models=[], omni_models=[str(model_dir)], output_dir=tmp_path)
+    app = launch_app(config, port=port, prevent_thread_lock=True, quiet=True)
+    expected_caption = OmniUnderstandingPipeline.from_pretrained(model_dir, relevance=None).caption(video)
+    try:
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+            page = browser.new_page(viewport={"width": 1280, "height": 1000})
+            page.set_default_timeout(60_000)
+            page.goto(f"http://127.0.0.1:{port}/")
+            page.get_by_role("tab", name="Understand").click()
+            page.locator("#kinegen-understand-video input[type=file]").set_input_files(str(video))
+            page.locator("#kinegen-understand-video video").wait_for()
+            page.get_by_role("button", name="Answer").click()
+            page.wait_for_function("() => (document.querySelector('#kinegen-understand-info') || {}).innerText"
+                                   "?.includes('kept')")
+            assert "kept 107 (30%)" in page.locator("#kinegen-understand-info").inner_text()
+            page.locator("#kinegen-understand-picture img").wait_for()
+            page.get_by_role("button", name="Caption into the Generate prompt").click()
+            page.wait_for_function("() => document.querySelector('[role=tab][aria-selected=true]')?.innerText"
+                                   " === 'Generate'")
+            assert page.get_by_label("Prompt", exact=True).input_value() == expected_caption
+            browser.close()
+    finally:
+        app.close()

@@ -107,7 +107,7 @@ class OmniUnderstandingPipeline:
         av_in = video if isinstance(video, AVInput) else read_av(video, fps=self.processor.config.fps)
         return av_in.frames, av_in.frame_times, (av_in.audio if av_in.has_audio else None)
 
-    def understand(self, video, question: str, prune=None, max_new_tokens: int = 24) -> UnderstandResult:
+    def understand(self, video, question: str, prune=None, max_new_tokens: int = 32) -> UnderstandResult:
         """Answer ``question`` about ``video`` (a path or an :class:`~kinegen.media_av.AVInput`), pruning the prefill
         with ``prune`` (``"omniselect:keep=0.3"``, a config, or None)."""
         from ..omniselect import apply_omniselect

@@ -1,8 +1,8 @@
 """The History tab: this server's recent runs, newest first.
 
 Clicking a generation's (or GAN grid's) row shows its output and settings in the Generate (or GAN) tab; that
-crosses tabs, so :func:`kinegen.apps.web.build_app` wires it. A profile's row offers its report here
-(:meth:`HistoryTab.show`).
+crosses tabs, so :func:`kinegen.apps.web.build_app` wires it. A profile's row offers its report here, and an
+Understand run's row its picture of the kept tokens (:meth:`HistoryTab.show`).
 """
 
 from __future__ import annotations
@@ -43,11 +43,12 @@ class HistoryTab:
 
     @staticmethod
     def show(entry: dict[str, Any] | None) -> list:
-        """Updates for :attr:`outputs`: a profile's report, or nothing (another run shows in its own tab)."""
+        """Updates for :attr:`outputs`: a profile's report or an Understand run's picture, or nothing (a generation
+        shows in its own tab)."""
         import gradio as gr
 
-        is_profile = entry is not None and entry["type"] == "profile"
-        return [gr.update(value=entry["output"] if is_profile else None, visible=is_profile)]
+        offered = entry is not None and entry["type"] in ("profile", "understand")
+        return [gr.update(value=entry["output"] if offered else None, visible=offered)]
 
 
 def build(ctx: TabContext) -> HistoryTab:
@@ -55,9 +56,10 @@ def build(ctx: TabContext) -> HistoryTab:
 
     with gr.Tab("History", id=TAB_ID):
         gr.Markdown("This server's recent runs, newest first. Click a row to see its output with its settings in "
-                    "the Generate (or GAN) tab; a profile's row offers its report here.")
+                    "the Generate (or GAN) tab; a profile's row offers its report here, an Understand run's row its "
+                    "picture.")
         table = ctx.history.render()
         refresh = gr.Button("Refresh")
-        report = gr.File(label="Selected profile's report (zip)", visible=False)
+        report = gr.File(label="Selected row's report (zip) or picture", visible=False)
     refresh.click(ctx.svc.history_rows, None, [table], api_visibility="private")
     return HistoryTab(table=table, refresh=refresh, report=report)

@@ -45,7 +45,7 @@ def build(ctx: TabContext) -> UnderstandTab:
         with gr.Row():
             with gr.Column():
                 model = gr.Dropdown(models, value=models[0] if models else None, label="Model")
-                video = gr.Video(label="Video (with sound)", sources=["upload"])
+                video = gr.Video(label="Video (with sound)", sources=["upload"], elem_id="kinegen-understand-video")
                 question = gr.Textbox(label="Question", value="which shape makes the high tone?",
                                       max_length=config.max_question_chars)
                 with gr.Row():
@@ -55,9 +55,9 @@ def build(ctx: TabContext) -> UnderstandTab:
                     ask = gr.Button("Answer", variant="primary")
                     caption = gr.Button("Caption into the Generate prompt")
             with gr.Column():
-                answer = gr.Textbox(label="Answer", interactive=False)
-                info = gr.Markdown()
-                picture = gr.Image(label="Kept tokens", type="filepath")
+                answer = gr.Textbox(label="Answer", interactive=False, elem_id="kinegen-understand-answer")
+                info = gr.Markdown(elem_id="kinegen-understand-info")
+                picture = gr.Image(label="Kept tokens", type="filepath", elem_id="kinegen-understand-picture")
 
     def run(model_name, video_path, question_text, method_name, keep_share, request: gr.Request):
         try:
