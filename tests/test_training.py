@@ -229,3 +229,21 @@ def test_t2v_shape_weights():
             parse_shape_weights(bad)
     with pytest.raises(ValueError, match="no clip"):
         parse_shape_weights("star=0,circle=0,square=0,triangle=0")
+
+
+def test_omni_and_relevance_training_resume_and_export_loadable_folders(tmp_path, capsys):
+    """`kinegen train omni` and `kinegen train relevance`: a step, a resume, an export the pipeline loads."""
+    from kinegen.cli import main
+    from kinegen.pipelines.omni_understand import OmniUnderstandingPipeline
+
+    for steps in (1, 2):
+        assert main(["train", "relevance", "--run", str(tmp_path / "rel"), "--steps", str(steps), "--batch-size", "4",
+                     "--export", str(tmp_path / "scorer")]) == 0
+        assert main(["train", "omni", "--run", str(tmp_path / "omni"), "--steps", str(steps), "--batch-size", "2",
+                     "--export", str(tmp_path / "model")]) == 0
+    for run in ("rel", "omni"):
+        assert json.loads((tmp_path / run / "log.jsonl").read_text().splitlines()[-1])["step"] == 2
+    pipe = OmniUnderstandingPipeline.from_pretrained(tmp_path / "model", relevance=str(tmp_path / "scorer"))
+    assert type(pipe.relevance).__name__ == "TriModalRelevance"
+    assert main(["train", "omni", "--run", str(tmp_path / "bad"), "--describe-share", "2"]) == 2
+    assert "--describe-share must be 0 to 1" in capsys.readouterr().err
