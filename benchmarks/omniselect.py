@@ -1,11 +1,15 @@
 """OmniSelect measured (issue 22): exactness, accuracy against the peers, regime accuracy, and prefill time.
 
     python benchmarks/omniselect.py --part identity            # tiny random Qwen2.5-Omni and Qwen3-Omni thinkers
+    python benchmarks/omniselect.py --part theta [--clips 40]    # the scorer's regime margin, on training clips
     python benchmarks/omniselect.py --part accuracy [--clips 50] [--model kinegen-shapes-omni]
     python benchmarks/omniselect.py --part prefill [--clips 20] [--rounds 3]
 
 identity: keep=1.0 against the unpruned model on 5 random inputs of each family: max |logit difference| and
 whether greedy generations (8 tokens) match.
+
+theta: the bundled relevance scorer on the questions of ``--clips`` training clips: how often the regime rule picks
+the regime each question calls for (video -> video-centric, audio -> audio-centric, both -> uniform), per margin.
 
 accuracy: every question of ``--clips`` held-out procedural clips (kinegen.evaluation.omni), unpruned and with
 OmniSelect and each peer (uniform, random, video-only, audio-only) at keep 0.3 and 0.45; OmniSelect's regime
@@ -75,6 +79,33 @@ def part_accuracy(model: str, clips: int, seed: int) -> dict:
         print(f"{name:<18} {r['accuracy']:.1%} ({need}) kept {r['mean_media_keep']:.0%}"
               + (" regime " + " ".join(f"{k} {v:.0%}" for k, v in reg.items()) if reg else ""), flush=True)
     return {"model": model, "clips": clips, "relevance": type(pipe.relevance).__name__, "rows": rows}
+
+
+def part_theta(clips: int, seed: int) -> dict:
+    """Regime accuracy of the bundled scorer's scores against ``theta``, on training clips' questions (the held-out
+    ones stay for the accuracy part)."""
+    from kinegen.evaluation.omni import EXPECTED_REGIME, question_set
+    from kinegen.omniselect.budget import choose_regime
+    from kinegen.omniselect.trimodal import load_bundled_scorer
+    from kinegen.training.omni import clip_media
+
+    scorer = load_bundled_scorer()
+    means, cache = [], {}
+    for clip, q in question_set(clips, "train", seed + 1):
+        if clip.seed not in cache:
+            cache[clip.seed] = clip_media(clip)
+        frames, audio = cache[clip.seed]
+        s = scorer.score(frames, np.linspace(0, clip.seconds * (1 - 1 / 32), len(frames)), audio, 16000, q.text)
+        means.append((*s.means(), s.has_query, q.needs))
+    table = {}
+    for theta in (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0):
+        ok = {k: [] for k in EXPECTED_REGIME}
+        for a, v, has_query, needs in means:
+            ok[needs].append(choose_regime(a, v, theta, has_query) == EXPECTED_REGIME[needs])
+        table[theta] = {k: float(np.mean(x)) for k, x in ok.items() if x}
+        table[theta]["mean"] = float(np.mean(list(table[theta].values())))
+        print(f"theta {theta}: " + " ".join(f"{k} {x:.0%}" for k, x in table[theta].items()), flush=True)
+    return {"clips": clips, "split": "train", "by_theta": table}
 
 
 def _time_prefill(model, inputs, prune_cfg, relevance_s: float = 0.0) -> float:
@@ -237,7 +268,7 @@ def part_prefill_3b(rounds: int, layers: int = 2) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--part", choices=["identity", "accuracy", "prefill"], required=True)
+    ap.add_argument("--part", choices=["identity", "theta", "accuracy", "prefill"], required=True)
     ap.add_argument("--model", default="kinegen-shapes-omni")
     ap.add_argument("--clips", type=int, default=None, help="clips (accuracy: 50, prefill: 20)")
     ap.add_argument("--rounds", type=int, default=3)
@@ -250,6 +281,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if args.part == "identity":
         result = part_identity()
+    elif args.part == "theta":
+        result = part_theta(args.clips or 40, args.seed)
     elif args.part == "accuracy":
         result = part_accuracy(args.model, args.clips or 50, args.seed)
     else:
