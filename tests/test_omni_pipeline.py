@@ -259,3 +259,24 @@ def test_understand_tab_in_chromium_answers_and_captions_into_generate(model_dir
             browser.close()
     finally:
         app.close()
+
+
+def test_the_bundled_scorer_reads_what_the_question_is_about():
+    """kinegen-shapes-trimodal: a question about the picture scores frames above sounds, one about the sound the
+    other way, and within a clip the frames of the shape asked about score higher than the others'."""
+    from kinegen.data.av_shapes import bounce_times
+    from kinegen.omniselect.trimodal import load_bundled_scorer
+
+    scorer = load_bundled_scorer()
+    clip = next(c for c in (sample_av_clip(s, "held_out", num_objects=2) for s in range(100))
+                if any(bounce_times(o) for o in c.objects))
+    times = np.linspace(0, 3.9, 8)
+    frames, audio = render_frames(clip, times), render_audio(clip)
+    first, second = clip.objects
+    s = scorer.score(frames, times, audio, 16000, f"what colour is the {second.shape}?")
+    a, v = s.means()
+    assert v > a
+    on = torch.tensor([second.t_on <= t < second.t_off for t in times])
+    assert s.frame_scores[on].mean() > s.frame_scores[~on].mean() + 1
+    a, v = scorer.score(frames, times, audio, 16000, "how many clicks are there?").means()
+    assert a > v
