@@ -64,7 +64,8 @@ def resolve_omni_folder(model: str | Path) -> Path:
     if str(model) in OMNI_MODELS:
         folder = ASSETS_DIR / "models" / str(model)
         if not folder.is_dir():
-            raise ModelNotFoundError(f"The bundled model {model} is missing from {folder.parent}; reinstall Kinegen.")
+            raise ModelNotFoundError(f"{model} is not in this installation ({folder.parent}); train an omni model with "
+                                     "`kinegen train omni --export DIR` and pass --model DIR.")
         return folder
     folder = Path(model)
     if not folder.is_dir() or not (folder / "config.json").is_file():
