@@ -67,7 +67,7 @@ def part_accuracy(model: str, clips: int, seed: int) -> dict:
     from kinegen.evaluation.omni import evaluate_omni
     from kinegen.pipelines.omni_understand import OmniUnderstandingPipeline
 
-    pipe = OmniUnderstandingPipeline.from_pretrained(model)
+    pipe = OmniUnderstandingPipeline.load(model)
     rows = {}
     configs = [("none", None)] + [(f"{m}@{k}", f"omniselect:keep={k},method={m}") for k in KEEPS for m in PEERS]
     for name, spec in configs:
@@ -128,7 +128,7 @@ def part_prefill_small(model: str, clips: int, rounds: int) -> dict:
     from kinegen.pipelines.omni_understand import OmniUnderstandingPipeline
     from kinegen.training.omni import clip_media
 
-    pipe = OmniUnderstandingPipeline.from_pretrained(model)
+    pipe = OmniUnderstandingPipeline.load(model)
     ratios, dense_t, pruned_t, rel_t = [], [], [], []
     cfg = OmniSelectConfig(keep=0.3)
     for i in range(clips):

@@ -55,3 +55,20 @@ def test_default_generation_follows_the_prompt():
     assert np.isfinite(result.frames).all() and result.frames.std() > 0.02
     pred = classify(load_classifier(), result.frames)
     assert pred["colour"] == "red" and pred["motion"] == "right", pred
+
+
+def test_it_draws_the_prompt_at_a_larger_size():
+    """One set of weights at several sizes: the folder declares its training grid (kinegen_rope.json), the loader
+    interpolates RoPE positions onto it, and at 33 x 256 x 256 (4x the tokens) the prompt is still drawn."""
+    from kinegen.evaluation.adherence import classify, load_classifier
+    from kinegen.models.rope import InterpolatedWanRoPE, read_rope_file
+
+    assert read_rope_file(FOLDER) == (5, 8, 8)
+    pipe = kinegen.load_pipeline(NAME, device="cpu")
+    assert isinstance(pipe.transformer.rope, InterpolatedWanRoPE)
+    pipe.set_progress_bar_config(disable=True)
+    result = kinegen.generate(pipe, "a blue square moving up on a black background", seed=0,
+                              height=256, width=256, frames=33)
+    assert result.frames.shape == (33, 256, 256, 3)
+    pred = classify(load_classifier(), result.frames)
+    assert pred == {"shape": "square", "colour": "blue", "motion": "up"}, pred

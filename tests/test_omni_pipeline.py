@@ -36,7 +36,7 @@ def video(tmp_path_factory):
 def pipe(model_dir):
     from kinegen.pipelines.omni_understand import OmniUnderstandingPipeline
 
-    return OmniUnderstandingPipeline.from_pretrained(model_dir, relevance="heuristic")
+    return OmniUnderstandingPipeline.load(model_dir, relevance="heuristic")
 
 
 def test_processor_lays_clips_out_as_qwen2_5_omni_does(pipe):
@@ -119,7 +119,7 @@ def test_trimodal_scores_frames_and_sounds_in_one_space(tmp_path):
     torch.manual_seed(0)
     scorer = TriModalRelevance(TriModalModel(content_vocabulary()))
     scorer.save_pretrained(tmp_path / "scorer")
-    again = TriModalRelevance.from_pretrained(tmp_path / "scorer")
+    again = TriModalRelevance.load(tmp_path / "scorer")
     clip = sample_av_clip(2, num_objects=2)
     frames, audio = render_frames(clip, np.arange(8) * 0.5), render_audio(clip)
     s = again.score(frames, np.arange(8) * 0.5, audio, 16000, "which shape makes the high tone?")
@@ -237,7 +237,7 @@ def test_understand_tab_in_chromium_answers_and_captions_into_generate(model_dir
         port = s.getsockname()[1]
     config = AppConfig(models=["tiny-wan"], gan_models=[], omni_models=[str(model_dir)], output_dir=tmp_path)
     app = launch_app(config, port=port, prevent_thread_lock=True, quiet=True)
-    expected_caption = OmniUnderstandingPipeline.from_pretrained(model_dir, relevance=None).caption(video)
+    expected_caption = OmniUnderstandingPipeline.load(model_dir, relevance=None).caption(video)
     try:
         with sync_api.sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])

@@ -243,7 +243,7 @@ def test_omni_and_relevance_training_resume_and_export_loadable_folders(tmp_path
                      "--export", str(tmp_path / "model")]) == 0
     for run in ("rel", "omni"):
         assert json.loads((tmp_path / run / "log.jsonl").read_text().splitlines()[-1])["step"] == 2
-    pipe = OmniUnderstandingPipeline.from_pretrained(tmp_path / "model", relevance=str(tmp_path / "scorer"))
+    pipe = OmniUnderstandingPipeline.load(tmp_path / "model", relevance=str(tmp_path / "scorer"))
     assert type(pipe.relevance).__name__ == "TriModalRelevance"
     assert main(["train", "omni", "--run", str(tmp_path / "bad"), "--describe-share", "2"]) == 2
     assert "--describe-share must be 0 to 1" in capsys.readouterr().err

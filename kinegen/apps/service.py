@@ -251,7 +251,7 @@ class LocalRunner:
 
         with self.load_lock:
             if model not in self._omni:
-                self._omni[model] = OmniUnderstandingPipeline.from_pretrained(model)
+                self._omni[model] = OmniUnderstandingPipeline.load(model)
         return self._omni[model]
 
     def omni_lock(self, model: str) -> threading.Lock:

@@ -127,7 +127,7 @@ def run_omni(args) -> int:
     if args.clips < 1:
         raise ConfigError("--clips must be at least 1 (50 or more for a stable estimate).")
     _prune_config(args.prune)
-    pipe = OmniUnderstandingPipeline.from_pretrained(args.model, relevance=args.relevance)
+    pipe = OmniUnderstandingPipeline.load(args.model, relevance=args.relevance)
 
     def progress(i, n):
         print(f"\r{i}/{n}", end="", file=sys.stderr, flush=True)

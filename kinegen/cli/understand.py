@@ -37,7 +37,7 @@ def run(args) -> int:
         raise InvalidRequestError("--max-new-tokens must be at least 1.")
     question = args.question or CAPTION_QUESTION
     _prune_config(args.prune)  # a bad spec fails before the model loads
-    pipe = OmniUnderstandingPipeline.from_pretrained(args.model, relevance=args.relevance)
+    pipe = OmniUnderstandingPipeline.load(args.model, relevance=args.relevance)
     r = pipe.understand(args.video, question, prune=args.prune, max_new_tokens=args.max_new_tokens)
     if args.json:
         print(json.dumps(r.to_dict(), indent=1))

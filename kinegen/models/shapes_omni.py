@@ -33,11 +33,16 @@ PROCESSOR_FILE = "kinegen_omni_processor.json"
 def build_word_tokenizer(words: list[str]):
     """A word-level tokenizer over ``words`` plus the Qwen-Omni special tokens (unknown words become ``<unk>``)."""
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     vocab = {w: i for i, w in enumerate(dict.fromkeys([*SPECIAL_TOKENS, *CHAT_WORDS, *words]))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(WORD_PATTERN), behavior="isolated")
+    return _wrap_word_tokenizer(tok)
+
+
+def _wrap_word_tokenizer(tok):
+    from transformers import PreTrainedTokenizerFast
+
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", eos_token="<|im_end|>",
         additional_special_tokens=list(SPECIAL_TOKENS[2:]))
@@ -102,12 +107,13 @@ class OmniProcessor:
         (folder / PROCESSOR_FILE).write_text(json.dumps(dataclasses.asdict(self.config), indent=1))
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path) -> OmniProcessor:
-        from transformers import PreTrainedTokenizerFast
+    def load(cls, folder: str | Path) -> OmniProcessor:
+        """The processor :meth:`save_pretrained` wrote (the word tokenizer rebuilt from its ``tokenizer.json``)."""
+        from tokenizers import Tokenizer
 
         folder = Path(folder)
         cfg = OmniProcessorConfig(**json.loads((folder / PROCESSOR_FILE).read_text()))
-        return cls(PreTrainedTokenizerFast.from_pretrained(str(folder)), cfg)
+        return cls(_wrap_word_tokenizer(Tokenizer.from_file(str(folder / "tokenizer.json"))), cfg)
 
     # ------------------------------------------------------------------ media
 

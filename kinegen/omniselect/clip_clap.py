@@ -49,11 +49,13 @@ class ClipClapRelevance:
             if not (Path(d) / "config.json").is_file():
                 raise ModelNotFoundError(f"{d} is not a saved model folder (no config.json); give local CLIP and CLAP "
                                          "folders (save_pretrained of the model, its tokenizer and processor).")
-        kw = {"local_files_only": True}
-        return cls(CLIPModel.from_pretrained(str(clip_dir), **kw), AutoTokenizer.from_pretrained(str(clip_dir), **kw),
-                   CLIPImageProcessorPil.from_pretrained(str(clip_dir), **kw),
-                   ClapModel.from_pretrained(str(clap_dir), **kw), AutoTokenizer.from_pretrained(str(clap_dir), **kw),
-                   AutoFeatureExtractor.from_pretrained(str(clap_dir), **kw))
+        kw = {"local_files_only": True}  # tokenizers and processors hold no weights; models load safetensors only
+        return cls(CLIPModel.from_pretrained(str(clip_dir), use_safetensors=True, **kw),
+                   AutoTokenizer.from_pretrained(str(clip_dir), use_safetensors=True, **kw),
+                   CLIPImageProcessorPil.from_pretrained(str(clip_dir), use_safetensors=True, **kw),
+                   ClapModel.from_pretrained(str(clap_dir), use_safetensors=True, **kw),
+                   AutoTokenizer.from_pretrained(str(clap_dir), use_safetensors=True, **kw),
+                   AutoFeatureExtractor.from_pretrained(str(clap_dir), use_safetensors=True, **kw))
 
     def _text(self, model, tokenizer, texts: list[str]) -> torch.Tensor:
         t = tokenizer(texts, padding=True, return_tensors="pt")

@@ -123,7 +123,7 @@ class TriModalRelevance:
         self.model = model.eval()
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path) -> TriModalRelevance:
+    def load(cls, folder: str | Path) -> TriModalRelevance:
         from safetensors.torch import load_model
 
         folder = Path(folder)
@@ -182,7 +182,7 @@ def load_bundled_scorer() -> TriModalRelevance:
     folder = ASSETS_DIR / "models" / SCORER_NAME
     if not (folder / "model.safetensors").is_file():
         raise ModelNotFoundError(f"the bundled relevance scorer is missing from {folder}")
-    return TriModalRelevance.from_pretrained(folder)
+    return TriModalRelevance.load(folder)
 
 
 # ---------------------------------------------------------------------------- what describes what

@@ -1,6 +1,6 @@
 """Answering questions about videos with sound: an omni thinker, its processor, and optional token pruning.
 
->>> pipe = OmniUnderstandingPipeline.from_pretrained("kinegen-shapes-omni")
+>>> pipe = OmniUnderstandingPipeline.load("kinegen-shapes-omni")
 >>> r = pipe.understand("clip.mp4", "which shape makes the high tone?", prune="omniselect:keep=0.3")
 >>> r.answer, r.regime, r.media_kept, r.timings["prefill_s"]
 
@@ -84,7 +84,7 @@ class OmniUnderstandingPipeline:
         self.name = name
 
     @classmethod
-    def from_pretrained(cls, model: str | Path = "kinegen-shapes-omni", relevance: str | None = "auto"):
+    def load(cls, model: str | Path = "kinegen-shapes-omni", relevance: str | None = "auto"):
         """Load a folder written by ``kinegen train omni`` (weights, tokenizer, ``kinegen_omni_processor.json``).
 
         ``relevance``: ``auto`` (the bundled tri-modal scorer where it exists, else the heuristic), ``heuristic``,
@@ -100,7 +100,7 @@ class OmniUnderstandingPipeline:
                                      "`kinegen train omni` (a real Qwen2.5-Omni checkpoint needs its own processor, "
                                      "see docs/omniselect.md).")
         thinker = Qwen2_5OmniThinkerForConditionalGeneration.from_pretrained(str(folder), use_safetensors=True)
-        return cls(thinker, OmniProcessor.from_pretrained(folder), load_relevance(relevance), name=str(model))
+        return cls(thinker, OmniProcessor.load(folder), load_relevance(relevance), name=str(model))
 
     def read(self, video) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         from ..media_av import AVInput, read_av
@@ -202,4 +202,4 @@ def load_relevance(which: str | None):
     if not Path(which).is_dir():
         raise InvalidRequestError(f"--relevance {which}: give auto, heuristic, clip-clap:CLIP_DIR,CLAP_DIR, or a "
                                   "tri-modal scorer folder.")
-    return TriModalRelevance.from_pretrained(which)
+    return TriModalRelevance.load(which)
