@@ -247,9 +247,11 @@ class OmniSelectPruner:
             media = torch.cat([row.video, row.audio])
             picked = media[random_subset(media.numel(), total, gen)]
             return picked, self._row_stats(row, picked, "-", None)
+        def same_share(sizes, n):  # every group keeps the same share (the uniform peer and the uniform regime)
+            return counts_from_ratios(torch.full((G,), cfg.keep), sizes, round(cfg.keep * n))
+
         if cfg.method == "uniform" or cfg.keep >= 1.0:
-            vcounts = counts_from_ratios(torch.full((G,), cfg.keep), vsizes, round(cfg.keep * nv))
-            acounts = counts_from_ratios(torch.full((G,), cfg.keep), asizes, round(cfg.keep * na))
+            vcounts, acounts = same_share(vsizes, nv), same_share(asizes, na)
         elif cfg.method in ("video-only", "audio-only"):
             pruned, sizes = (("video", vsizes) if cfg.method == "video-only" else ("audio", asizes))
             other = na if pruned == "video" else nv
@@ -265,8 +267,7 @@ class OmniSelectPruner:
                 regime = choose_regime(a, v, cfg.theta, rel.has_query)
             minor_keep = cfg.minor_keep if cfg.minor_keep is not None else cfg.keep
             if regime == "uniform":
-                vcounts = counts_from_ratios(torch.full((G,), cfg.keep), vsizes, round(cfg.keep * nv))
-                acounts = counts_from_ratios(torch.full((G,), cfg.keep), asizes, round(cfg.keep * na))
+                vcounts, acounts = same_share(vsizes, nv), same_share(asizes, na)
             else:
                 major_sizes, minor_sizes = (vsizes, asizes) if regime == "video" else (asizes, vsizes)
                 n_major, n_minor = int(major_sizes.sum()), int(minor_sizes.sum())

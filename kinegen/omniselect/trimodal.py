@@ -78,7 +78,6 @@ class TriModalModel(nn.Module):
 
 def log_mel(audio: np.ndarray, sample_rate: int = 16000, n_mels: int = N_MELS) -> np.ndarray:
     """``[n_mels, frames]`` log-mel at 100 frames per second (Whisper's feature extractor, padded to the longest)."""
-
     fe = _feature_extractor(n_mels, sample_rate)
     return fe(np.asarray(audio, np.float32), sampling_rate=sample_rate, padding="longest",
               return_tensors="np")["input_features"][0]
