@@ -247,3 +247,31 @@ def test_omni_and_relevance_training_resume_and_export_loadable_folders(tmp_path
     assert type(pipe.relevance).__name__ == "TriModalRelevance"
     assert main(["train", "omni", "--run", str(tmp_path / "bad"), "--describe-share", "2"]) == 2
     assert "--describe-share must be 0 to 1" in capsys.readouterr().err
+
+
+def test_omni_encoder_probe_labels_follow_the_clip():
+    """The probes' per-second labels: what is on screen, its tone, and the clicks the generator placed."""
+    from kinegen.data.av_shapes import AV_MOTIONS, PITCHES, bounce_times, sample_av_clip
+    from kinegen.data.shapes import COLOURS, SHAPES
+    from kinegen.training.omni import PROBES, frame_times, second_labels
+
+    seen_two = seen_bounce = False
+    for seed in range(40):
+        clip = sample_av_clip(seed, "train")
+        times = frame_times(clip)
+        lab = second_labels(clip, times)
+        assert set(lab) == set(PROBES) and len(lab["colour"]) == len(times) // 2 == 4 and len(lab["pitch"]) == 4
+        for k, n in ((k, n) for k, (_, n) in PROBES.items()):
+            assert all(0 <= y < n for y in lab[k])
+        first = clip.objects[0]
+        assert lab["colour"][0] == list(COLOURS).index(first.colour) + 1
+        assert lab["shape"][0] == list(SHAPES).index(first.shape) + 1
+        assert lab["motion"][0] == AV_MOTIONS.index(first.motion) + 1
+        assert lab["pitch"][0] == list(PITCHES).index(first.pitch) + 1
+        clicks = sum(len(bounce_times(o)) for o in clip.objects)
+        assert sum(lab["clicks"]) == clicks or max(lab["clicks"]) == 2  # two or more in a second count as two
+        if len(clip.objects) == 2:
+            seen_two = True
+            assert lab["shape"][-1] == list(SHAPES).index(clip.objects[1].shape) + 1
+        seen_bounce |= clicks > 0
+    assert seen_two and seen_bounce

@@ -154,6 +154,7 @@ class OmniTrainConfig:
     lr: float = 1e-3
     describe_share: float = 0.1  # share of questions that ask for a caption ("describe the video.")
     both_weight: float = 2.0  # questions that need picture and sound drawn this many times as often
+    probe_weight: float = 1.0  # the encoder probes' loss (kinegen.training.omni, "Encoder probes")
     seed: int = 0
     max_minutes: float | None = None
     checkpoint_every: int = 200
