@@ -282,7 +282,7 @@ def test_the_bundled_scorer_reads_what_the_question_is_about():
     assert a > v
 
 
-def test_bundled_omni_model_answers_from_the_clip():
+def test_bundled_omni_model_answers_from_the_clip(tmp_path):
     """kinegen-shapes-omni on held-out clips it never saw: the sound questions right, the rest well above chance
     (about 25%), and blanking the media costs the answers (it reads the clip, not the question's prior)."""
     from kinegen.evaluation.omni import evaluate_omni
@@ -301,3 +301,6 @@ def test_bundled_omni_model_answers_from_the_clip():
         p, p_blank = (pipe.thinker(**inp).logits[0, -1].softmax(-1) for inp in (x, silent))
     answer = pipe.processor.tokenizer.convert_tokens_to_ids(clip.objects[0].pitch)
     assert p[answer] > 0.9 and p_blank[answer] < 0.7
+    write_av(tmp_path / "clip.mp4", render_frames(clip, np.arange(32) / 8), 8, audio, 16000)
+    caption = pipe.caption(str(tmp_path / "clip.mp4"))  # words only: the spaces' <unk> pieces are dropped
+    assert "<unk>" not in caption and clip.objects[0].colour in caption.split(), caption

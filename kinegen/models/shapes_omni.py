@@ -224,11 +224,15 @@ class OmniProcessor:
         return out
 
     def decode(self, ids) -> str:
-        """Generated ids -> text (stops at ``<|im_end|>``; punctuation joined to the word before it)."""
+        """Generated ids -> text (stops at ``<|im_end|>``; punctuation joined to the word before it).
+
+        The word tokenizer's pre-tokenizer keeps the spaces between words as pieces of their own, which become
+        ``<unk>`` in training and generation alike; they are dropped here."""
         toks = self.tokenizer.convert_ids_to_tokens([int(i) for i in ids])
         words = []
         for t in toks:
             if t in ("<|im_end|>", "<pad>"):
                 break
-            words.append(t)
+            if t != "<unk>":
+                words.append(t)
         return re.sub(r" ([?.,!])", r"\1", " ".join(words)).strip()
