@@ -58,10 +58,10 @@ def frame_times(clip, rng: np.random.Generator | None = None, frames: int = FRAM
     return times
 
 
-def clip_media(clip, rng: np.random.Generator | None = None, frames: int = FRAMES):
-    """The frames (at 2 fps, as a reader samples a file of the clip) and the sound of a clip; with ``rng``, time
-    jitter and a random gain."""
-    times = frame_times(clip, rng, frames)
+def clip_media(clip, rng: np.random.Generator | None = None, frames: int = FRAMES, times: np.ndarray | None = None):
+    """The frames (at 2 fps, as a reader samples a file of the clip, or at ``times``) and the sound of a clip; with
+    ``rng``, time jitter (unless ``times`` are given) and a random gain."""
+    times = frame_times(clip, rng, frames) if times is None else times
     audio = render_audio(clip)
     if rng is not None:
         audio = np.clip(audio * rng.uniform(0.6, 1.3), -1, 1)
@@ -143,8 +143,9 @@ def omni_batch(proc, seeds: list[int], rng: np.random.Generator, cfg: OmniTrainC
         clip = sample_av_clip(s, split)
         q = pick_question(clip, rng, cfg.describe_share, cfg.both_weight)
         times = frame_times(clip, rng)
-        frames.append(render_frames(clip, times))
-        audio.append(np.clip(render_audio(clip) * rng.uniform(0.6, 1.3), -1, 1))
+        f, a = clip_media(clip, rng, times=times)
+        frames.append(f)
+        audio.append(a)
         labels.append(second_labels(clip, times))
         questions.append(q.text)
         answers.append(q.answer)
