@@ -261,7 +261,7 @@ def test_omni_encoder_probe_labels_follow_the_clip():
         times = frame_times(clip)
         lab = second_labels(clip, times)
         assert set(lab) == set(PROBES) and len(lab["colour"]) == len(times) // 2 == 4 and len(lab["pitch"]) == 4
-        for k, n in ((k, n) for k, (_, n) in PROBES.items()):
+        for k, (_, n) in PROBES.items():
             assert all(0 <= y < n for y in lab[k])
         first = clip.objects[0]
         assert lab["colour"][0] == list(COLOURS).index(first.colour) + 1

@@ -208,8 +208,8 @@ def train_omni(run_dir: str | Path, cfg: OmniTrainConfig) -> Path:
     model, proc = build_model(cfg.seed)
     probes = EncoderProbes(model.config.text_config.hidden_size, proc.config.position_id_per_seconds)
     modules = {"thinker": model, "probes": probes}
-    opt = torch.optim.AdamW([*model.parameters(), *probes.parameters()], lr=cfg.lr, weight_decay=0.01,
-                            betas=(0.9, 0.98))
+    params = [*model.parameters(), *probes.parameters()]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.98))
     step, _ = load_checkpoint(run_dir, modules, opt)
     progress = Progress(run_dir, cfg.steps, step)
     box = TimeBox(cfg.steps, cfg.checkpoint_every, cfg.max_minutes)
@@ -227,7 +227,7 @@ def train_omni(run_dir: str | Path, cfg: OmniTrainConfig) -> Path:
         loss = out.loss + cfg.probe_weight * probe_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_([*model.parameters(), *probes.parameters()], 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         step += 1
         progress.update(step, loss=out.loss.item(), answer_acc=answer_accuracy(out.logits, batch["labels"]),
