@@ -436,12 +436,18 @@ class ClassImagesResult:
     timings: dict[str, float]
 
     def grid(self, columns: int | None = None, upscale: int = 1) -> np.ndarray:
+        """The images tiled; by default one column per requested class when several were asked for (the images
+        cycle through the ``k`` requested classes, so ``k`` columns put one class in each), else a square-ish grid."""
         from .media import image_grid
 
+        if columns is None:
+            names = self.class_names
+            k = next(p for p in range(1, len(names) + 1) if all(names[i] == names[i - p] for i in range(p, len(names))))
+            columns = k if k > 1 else None
         return image_grid(self.images, columns=columns, upscale=upscale)
 
     def save(self, path: str | os.PathLike, columns: int | None = None, upscale: int = 4) -> Path:
-        """Write the images as one grid (png/jpg/webp), atomically; ``upscale`` enlarges each cell."""
+        """Write the images as one grid (png/jpg/webp; :meth:`grid`), atomically; ``upscale`` enlarges each cell."""
         from .media import check_output_path, write_image
 
         path = check_output_path(path, "image")

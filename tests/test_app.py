@@ -214,7 +214,7 @@ def test_app_generates_through_gradio_client_and_survives_bad_input(running_app,
     assert pred["colour"] == "red" and pred["motion"] == "right"
     assert any(p.suffix == ".mp4" for p in config.output_dir.iterdir())  # written to the output folder
     grid, info = client.predict(classes=["blue star"], num_images=4, seed=0, truncation=0.5, api_name="/gan")
-    assert "4 images" in info and grid.endswith(".png")
+    assert "4 images" in info and "Class: blue star" in info and grid.endswith(".png")
     rows = app.kinegen_service.history_rows()
     assert [r[1] for r in rows[:2]] == ["gan", "generate"]
     assert rows[0][5] == "one step, truncation 0.5" and rows[1][5] == "dense"  # no accelerators: a GAN has none

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -201,6 +202,52 @@ def test_gan_training_resumes_and_exports_a_post_hoc_ema(tmp_path):
         train_gan(tmp_path / "run", _tiny_train(steps=4, widths="64,32,32"))
 
 
+def test_discriminator_class_margins_start_at_zero_with_shared_class_embeddings():
+    from kinegen.models.mpgan import Discriminator
+    from kinegen.models.mpgan_config import GANConfig
+    from kinegen.training.gan import ShapesData, discriminator_diagnostics
+
+    data = ShapesData(32, 100)
+    gen = torch.Generator().manual_seed(0)
+    labels = torch.arange(12)
+    swapped = data.other_shape(labels, gen)
+    for y, o in zip(data.classes, swapped.tolist(), strict=True):  # same colour, another shape
+        assert data.classes[o].split()[0] == y.split()[0] and data.classes[o] != y
+    real, labels = data.batch(np.arange(12))
+    torch.manual_seed(0)
+    shared = discriminator_diagnostics(Discriminator(GANConfig()), data, real, labels, gen)
+    assert shared["d_margin_class"] == 0 and shared["d_margin_shape"] == 0  # every class starts as one vector
+    assert shared["d_win_class"] == 0 and shared["d_win_shape"] == 0  # ties are not wins
+    assert len([k for k in shared if k.startswith("mag_")]) == 4
+    linear = discriminator_diagnostics(Discriminator(GANConfig(shared_class_init=False)), data, real, labels, gen)
+    assert abs(linear["d_margin_class"]) > 1e-4
+
+
+def test_gan_training_evaluates_its_ema_against_held_out_images(tmp_path):
+    import json
+
+    from kinegen.errors import ConfigError
+    from kinegen.training.gan import train_gan
+
+    train_gan(tmp_path / "run", _tiny_train(resolution=32, widths="32,32,32,32", eval_every=1, eval_images=24))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and rows[0]["ema_sigma_rel"] == 0.10
+    for r in rows:
+        assert 0 <= r["class_accuracy"] <= 1 and r["fd"] > 0 and 0 <= r["modes_covered"] <= 12
+    assert rows[0]["class_accuracy"] < 0.5  # two steps of training draw no class
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert {"d_margin_shape", "d_margin_class", "d_win_shape", "d_win_class"} <= set(log[-1])
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    from PIL import Image
+
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(folder / "a.png")
+    with pytest.raises(ConfigError, match="--data shapes"):
+        train_gan(tmp_path / "r2", _tiny_train(data=f"imagefolder:{folder}", resolution=32, widths="32,32,32,32",
+                                               eval_every=1))
+    assert not (tmp_path / "r2").exists()  # refused before anything is written
+
+
 def test_gan_training_starts_the_generator_output_gain_where_asked(tmp_path):
     from safetensors.torch import load_file
 
@@ -324,8 +371,13 @@ def test_generate_class_images_from_a_folder_and_its_errors(tmp_path):
     assert res.class_names == ["red circle", "blue star", "red circle", "blue star", "red circle"]
     one = kinegen.generate_class_images(pipe, "blue star", num_images=1, seed=6)
     np.testing.assert_allclose(res.images[3], one.images[0], atol=1e-5)  # seed and class decide the image
-    grid = res.grid(upscale=2)
-    assert grid.shape == (2 + 2 * (32 + 2), 2 + 3 * (32 + 2), 3)
+    grid = res.grid(upscale=2)  # one column per requested class: 2 columns, 3 rows
+    assert grid.shape == (2 + 3 * (32 + 2), 2 + 2 * (32 + 2), 3)
+    np.testing.assert_allclose(grid[2 + 34:2 + 34 + 32:2, 2 + 34:2 + 34 + 32:2], res.images[3])  # row 2: blue star
+    assert res.grid(columns=5).shape == (2 + 18, 2 + 5 * 18, 3)
+    repeated = kinegen.generate_class_images(pipe, ["red circle", "red circle", "blue star"], num_images=7)
+    assert repeated.grid().shape[1] == 2 + 3 * 18  # the requested list's length, not the distinct classes
+    assert one.grid().shape == (20, 20, 3)  # one class: a square-ish grid
     out = res.save(tmp_path / "grid.png")
     assert out.is_file()
     with pytest.raises(InvalidRequestError, match="valid classes: red circle"):

@@ -54,8 +54,8 @@ def add_parser(subparsers) -> None:
                           "(default: a name made from the prompt (or class) and seed, in the current folder)")
     gan = gen.add_argument_group("class-conditional GANs (kinegen-shapes-gan or an MPGANPipeline folder)")
     gan.add_argument("--class", dest="class_labels", action="append", metavar="NAME",
-                     help="a class name or index (repeat for several, cycled over the images; default: every "
-                          "class in turn)")
+                     help="a class name or index (repeat for several, cycled over the images and one grid "
+                          "column each; default: every class in turn)")
     gan.add_argument("--num-images", type=int, default=_GAN_DEFAULTS["num_images"], metavar="N",
                      help="images in the grid; image i uses seed SEED+i (default: %(default)s)")
     gan.add_argument("--truncation", type=float, default=_GAN_DEFAULTS["truncation"], metavar="T",

@@ -182,7 +182,8 @@ def _triton_kernel():
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
-        out = tl.where(l_i[:, None] > 0, acc / l_i[:, None], 0.0)  # rows with no valid key: 0
+        # Rows with no valid key (l = 0, acc = 0) give 0; dividing by 1 there, not by 0, computes no inf/NaN.
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(Out + bh * q_len * D + rows[:, None] * D + dims[None, :], out.to(Out.dtype.element_ty), mask=dmask)
 
     return kernel

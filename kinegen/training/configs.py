@@ -131,7 +131,9 @@ class GANTrainConfig:
     out_gain_init: float = 1.0  # MP generator's learned output gain at step 0 (runs before 2026-11-30: 0)
     ema_sigma_rels: str = "0.05,0.10"
     snapshot_every: int = 250
-    magnitude_every: int = 50
+    magnitude_every: int = 50  # D's per-stage magnitudes and its class margins on real images, into log.jsonl
+    eval_every: int = 0  # 0 = off; else every N steps G's EMA's class accuracy, FD, KID... into eval.jsonl (shapes)
+    eval_images: int = 600  # generated and held-out real images per evaluation during training
     seed: int = 0
     max_minutes: float | None = None
     checkpoint_every: int = 250

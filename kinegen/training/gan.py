@@ -11,7 +11,12 @@ Per step (Huang et al. 2024, Sec. 3; EDM2 for the MP parts):
 
 Schedules (cosine over the run): learning rate and ``gamma`` from their start values to a tenth,
 Adam's beta2 from 0.9 to 0.99 (beta1 = 0). Every ``magnitude_every`` steps the discriminator's
-per-stage activation RMS on real images is logged (the magnitude diagnostic).
+per-stage activation RMS on real images is logged (the magnitude diagnostic), with its class margins:
+how much higher D scores a real image under its own class than under another one (``d_margin_class``)
+and, on the shapes data, than under the same colour with another shape (``d_margin_shape``), and how
+often it does (``d_win_class``, ``d_win_shape``). A projection discriminator can only teach the generator
+a class distinction that it makes itself.
+Every ``eval_every`` steps G's EMA is measured against held-out images (:class:`TrainingEval`).
 """
 
 from __future__ import annotations
@@ -63,6 +68,16 @@ class ShapesData:
 
         self.resolution, self.pool = resolution, pool
         self.classes = class_names(DEFAULT_CLASSES)
+        self._pairs = DEFAULT_CLASSES
+
+    def other_shape(self, labels: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """For each label, a class of the same colour and another shape (chosen at random)."""
+        out = []
+        for y in labels.tolist():
+            colour, shape = self._pairs[y]
+            same = [i for i, (c, s) in enumerate(self._pairs) if c == colour and s != shape]
+            out.append(same[int(torch.randint(len(same), (1,), generator=gen))])
+        return torch.tensor(out, dtype=labels.dtype)
 
     def batch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         from ..data.shape_images import batch
@@ -159,6 +174,9 @@ def train_gan(run_dir: str | Path, cfg: GANTrainConfig) -> Path:
     data = make_data(cfg)
     net = network_config(cfg, len(data.classes))
     sigmas = ema_sigmas(cfg)
+    if cfg.eval_every < 0:
+        raise ConfigError(f"--eval-every is a number of steps (0 = off); got {cfg.eval_every}.")
+    evaluator = TrainingEval(run_dir, cfg, data, sigmas, net.z_dim) if cfg.eval_every else None
     run_dir.mkdir(parents=True, exist_ok=True)  # after the settings are known to be good: no empty run folders
     meta = {"train": dataclasses.asdict(cfg), "network": dataclasses.asdict(net), "classes": data.classes}
     meta_path = run_dir / "run.json"
@@ -228,12 +246,10 @@ def train_gan(run_dir: str | Path, cfg: GANTrainConfig) -> Path:
         ema.update(g, step)
         values = {"loss_d": float(loss_d.detach()), **stats, **gstats}
         if step % cfg.magnitude_every == 0 or step == 1:
-            d.track_magnitudes = True
-            with torch.no_grad():
-                d(real, labels)
-            d.track_magnitudes = False
-            values.update({f"mag_{i}": m for i, m in enumerate(d.magnitudes)})
+            values.update(discriminator_diagnostics(d, data, real, labels, gen))
         progress.update(step, **values)
+        if evaluator is not None and (step % cfg.eval_every == 0 or step >= cfg.steps):
+            evaluator(ema.modules[evaluator.ema_index], step)
         if step % cfg.snapshot_every == 0 or step >= cfg.steps:
             for s, m in zip(sigmas, ema.modules, strict=True):
                 save_file({k: v.contiguous() for k, v in m.state_dict().items()},
@@ -242,6 +258,74 @@ def train_gan(run_dir: str | Path, cfg: GANTrainConfig) -> Path:
             break
     progress.close()
     return export_generator(run_dir, net, data.classes, sigmas)
+
+
+@torch.no_grad()
+def discriminator_diagnostics(d, data, real: torch.Tensor, labels: torch.Tensor, gen: torch.Generator) -> dict:
+    """D's per-stage magnitudes on ``real`` and its class margins: the mean of ``D(x, y) - D(x, y')`` with
+    ``y'`` another class (``d_margin_class``) or, on the shapes data, the same colour with another shape
+    (``d_margin_shape``), and how often that difference is positive (``d_win_*``: 0.5 is chance, 1 is a D that
+    always prefers the true label; unlike the margin it compares across networks of different output scales).
+    A D that does not tell two classes apart cannot teach G to draw them apart."""
+    k = len(data.classes)
+    d.track_magnitudes = True
+    own = d(real, labels)
+    d.track_magnitudes = False
+    out = {f"mag_{i}": m for i, m in enumerate(d.magnitudes)}
+    swaps = {}
+    if k > 1:
+        swaps["class"] = (labels + torch.randint(1, k, labels.shape, generator=gen)) % k
+    if hasattr(data, "other_shape"):
+        swaps["shape"] = data.other_shape(labels, gen)
+    for name, other in swaps.items():
+        diff = own - d(real, other)
+        out[f"d_margin_{name}"] = float(diff.mean())  # in D's units, which differ between networks
+        out[f"d_win_{name}"] = float((diff > 0).float().mean())  # scale-free: 0.5 = D ignores the label
+    return out
+
+
+class TrainingEval:
+    """Class accuracy, FD, KID, precision and recall of G's EMA during training (``eval_every`` steps).
+
+    The EMA of the tracked ``sigma_rel`` nearest the export's 0.08 generates ``eval_images`` images, classes
+    balanced, from fixed latents; they are measured against as many held-out real images with the bundled
+    evaluation classifier (:mod:`kinegen.evaluation.gan_metrics`, the numbers of ``kinegen eval gan`` at a
+    smaller sample). One JSON line per evaluation goes into ``RUN/eval.jsonl``: the curves over training.
+    """
+
+    def __init__(self, run_dir: Path, cfg: GANTrainConfig, data, sigmas, z_dim: int, target_sigma: float = 0.08):
+        from ..data.shape_images import HELD_OUT_SEED, REFERENCE_SEEDS, batch
+        from ..evaluation.gan_metrics import load_classifier
+
+        if not isinstance(data, ShapesData):
+            raise ConfigError("--eval-every measures with the shapes evaluation classifier, so it needs --data shapes; "
+                              "set --eval-every 0 for image-folder data.")
+        if cfg.eval_images < 24:
+            raise ConfigError(f"--eval-images must be at least 24 (two per class); got {cfg.eval_images}.")
+        self.path = run_dir / "eval.jsonl"
+        self.ema_index = min(range(len(sigmas)), key=lambda i: abs(sigmas[i] - target_sigma))
+        self.sigma = sigmas[self.ema_index]
+        self.classifier = load_classifier()
+        self.labels = np.arange(cfg.eval_images) % len(data.classes)
+        self.real = batch(HELD_OUT_SEED + REFERENCE_SEEDS + np.arange(cfg.eval_images), self.labels, cfg.resolution)
+        self.z = torch.randn(cfg.eval_images, z_dim, generator=torch.Generator().manual_seed(7))
+
+    @torch.no_grad()
+    def __call__(self, g, step: int) -> dict:
+        from ..evaluation.gan_metrics import evaluate_images
+
+        labels = torch.from_numpy(self.labels).long()
+        fake = torch.cat([g(self.z[i:i + 200], labels[i:i + 200]) for i in range(0, len(labels), 200)])
+        fake = ((fake.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+        m = evaluate_images(self.classifier, self.real, self.labels, fake, self.labels)
+        row = {"step": step, "ema_sigma_rel": self.sigma, **{k: m[k] for k in (
+            "class_accuracy", "modes_covered", "fd", "kid", "precision", "recall")}}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(f"eval at step {step}: class accuracy {m['class_accuracy']:.3f}, modes {m['modes_covered']}, "
+              f"FD {m['fd']:.1f}, KID {m['kid']:.2f}, precision {m['precision']:.2f}, recall {m['recall']:.2f}",
+              flush=True)
+        return row
 
 
 def export_generator(run_dir: Path, net: GANConfig, classes: list[str], sigmas, target_sigma: float = 0.08) -> Path:

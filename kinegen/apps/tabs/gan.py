@@ -39,18 +39,21 @@ def build(ctx: TabContext) -> GanTab:
 
     with gr.Tab("GAN", id=TAB_ID, visible=bool(gan_models)):
         gan_classes = svc.class_names(gan_models[0]) if gan_models else []
+        # Controls above, the grid below at the page's full width: with 12 classes it has 12 columns.
         with gr.Row():
-            with gr.Column():
-                model = gr.Dropdown(gan_models, value=gan_models[0] if gan_models else None, label="Model")
-                classes = gr.CheckboxGroup(gan_classes, value=gan_classes[:1], label="Classes")
-                with gr.Row():
-                    num_images = gr.Slider(1, config.max_gan_images, value=16, step=1, label="Images")
-                    seed = gr.Number(label="First seed", value=0, precision=0, minimum=0)
-                truncation = gr.Slider(0.1, 1.0, value=1.0, step=0.05, label="Truncation (1 = off)")
-                run_btn = gr.Button("Generate grid", variant="primary")
-            with gr.Column():
-                grid = gr.Image(label="Grid", type="filepath")
-                info = gr.Markdown(label="timing")
+            model = gr.Dropdown(gan_models, value=gan_models[0] if gan_models else None, label="Model", scale=1)
+            classes = gr.CheckboxGroup(gan_classes, value=gan_classes[:1], label="Classes (one column each)",
+                                       scale=3)
+        with gr.Row(equal_height=True):
+            num_images = gr.Slider(1, config.max_gan_images, value=16, step=1, label="Images",
+                                   elem_id="kinegen-gan-images")
+            seed = gr.Number(label="First seed", value=0, precision=0, minimum=0)
+            truncation = gr.Slider(0.1, 1.0, value=1.0, step=0.05, label="Truncation (1 = off; lower: less variety)",
+                                   elem_id="kinegen-gan-truncation")
+            run_btn = gr.Button("Generate grid", variant="primary")
+        grid = gr.Image(label="Grid", type="filepath", elem_id="kinegen-gan-grid",
+                        buttons=["download", "fullscreen"])
+        info = gr.Markdown(label="timing")
         # The API (hidden components: the page has its own). Classes have no value, so the API marks them required.
         with gr.Row(visible=False):
             api_classes = gr.Dropdown(gan_classes, value=None, multiselect=True, allow_custom_value=True,
@@ -100,5 +103,7 @@ def build(ctx: TabContext) -> GanTab:
 
 def _timing_line(out: dict[str, Any]) -> str:
     t = out["timings"]
-    return (f"{len(out['classes'])} images in {t['generator'] * 1000:.1f} ms ({t['per_image'] * 1000:.2f} ms each; "
-            "one step, batched generator forwards).")
+    names = list(dict.fromkeys(out["classes"]))
+    columns = f"Columns, left to right: {', '.join(names)}. " if len(names) > 1 else f"Class: {names[0]}. "
+    return (columns + f"{len(out['classes'])} images in {t['generator'] * 1000:.1f} ms "
+            f"({t['per_image'] * 1000:.2f} ms each; one step, batched generator forwards).")

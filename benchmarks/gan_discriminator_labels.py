@@ -1,0 +1,63 @@
+"""Does a GAN run's discriminator tell its classes apart? Its checkpointed D scored on held-out real images.
+
+For each real image ``x`` of class ``y``: how often ``D(x, y) > D(x, y')``, with ``y'`` every other class
+(``class``) or every other shape of the same colour (``shape``); 0.5 is chance. A projection discriminator that
+does not prefer an image's true shape cannot teach the generator to draw shapes by class. The same quantity as
+``d_win_*`` in a run's log.jsonl, on more images and all alternatives instead of one random one per image.
+
+    .venv/bin/python benchmarks/gan_discriminator_labels.py runs/gan-long/mp-s0 runs/gan-long/r3gan-s0 [--images 600]
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+@torch.no_grad()
+def label_preference(run: Path, n_images: int) -> dict:
+    from safetensors.torch import load_model
+
+    from kinegen.data.shape_images import DEFAULT_CLASSES, HELD_OUT_SEED, REFERENCE_SEEDS, batch
+    from kinegen.models.mpgan import Discriminator
+    from kinegen.models.mpgan_config import GANConfig
+
+    net = GANConfig(**{k: tuple(v) if isinstance(v, list) else v
+                       for k, v in json.loads((run / "run.json").read_text())["network"].items()})
+    d = Discriminator(net).eval()
+    load_model(d, str(run / "checkpoint" / "discriminator.safetensors"))
+    step = json.loads((run / "checkpoint" / "state.json").read_text())["step"]
+    labels = np.arange(n_images) % len(DEFAULT_CLASSES)
+    real = torch.from_numpy(batch(HELD_OUT_SEED + REFERENCE_SEEDS + np.arange(n_images), labels, net.resolution))
+    real = real.permute(0, 3, 1, 2).float() / 127.5 - 1.0
+    scores = torch.stack([d(real, torch.full((n_images,), c)) for c in range(len(DEFAULT_CLASSES))], 1)  # [N, K]
+    own = scores[torch.arange(n_images), torch.from_numpy(labels)]
+    wins = {"class": [], "shape": []}
+    for i, y in enumerate(labels):
+        colour = DEFAULT_CLASSES[y][0]
+        for c, (col, _) in enumerate(DEFAULT_CLASSES):
+            if c != y:
+                won = float(own[i] > scores[i, c])
+                wins["class"].append(won)
+                if col == colour:
+                    wins["shape"].append(won)
+    return {"run": str(run), "step": step, **{f"d_win_{k}": float(np.mean(v)) for k, v in wins.items()},
+            "score_spread": float(scores.std())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--images", type=int, default=600)
+    args = parser.parse_args()
+    print("| run | step | D prefers the true class | D prefers the true shape (same colour) |")
+    print("|---|---|---|---|")
+    for run in args.runs:
+        r = label_preference(run, args.images)
+        print(f"| {run.name} | {r['step']} | {r['d_win_class']:.2f} | {r['d_win_shape']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
