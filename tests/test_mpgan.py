@@ -248,6 +248,17 @@ def test_gan_training_evaluates_its_ema_against_held_out_images(tmp_path):
     assert not (tmp_path / "r2").exists()  # refused before anything is written
 
 
+def test_gan_training_stopped_by_its_time_box_before_a_snapshot_still_exports(tmp_path):
+    import json
+
+    from kinegen.training.gan import train_gan
+
+    out = train_gan(tmp_path / "run", _tiny_train(steps=5, snapshot_every=100, max_minutes=1e-9))
+    assert json.loads((tmp_path / "run" / "checkpoint" / "state.json").read_text())["step"] == 1
+    assert [p.name for p in sorted((tmp_path / "run" / "snapshots").iterdir())][0].startswith("0000001_")
+    assert (out / "model_index.json").is_file()
+
+
 def test_gan_training_starts_the_generator_output_gain_where_asked(tmp_path):
     from safetensors.torch import load_file
 

@@ -250,11 +250,13 @@ def train_gan(run_dir: str | Path, cfg: GANTrainConfig) -> Path:
         progress.update(step, **values)
         if evaluator is not None and (step % cfg.eval_every == 0 or step >= cfg.steps):
             evaluator(ema.modules[evaluator.ema_index], step)
-        if step % cfg.snapshot_every == 0 or step >= cfg.steps:
+        stop = box.after_step(run_dir, modules, both, step)
+        # A time box that stops the run before its first snapshot still leaves one, so that it exports.
+        if step % cfg.snapshot_every == 0 or step >= cfg.steps or (stop and not any(snaps.iterdir())):
             for s, m in zip(sigmas, ema.modules, strict=True):
                 save_file({k: v.contiguous() for k, v in m.state_dict().items()},
                           str(snaps / f"{step:07d}_{s:.3f}.safetensors"))
-        if box.after_step(run_dir, modules, both, step):
+        if stop:
             break
     progress.close()
     return export_generator(run_dir, net, data.classes, sigmas)
@@ -266,7 +268,8 @@ def discriminator_diagnostics(d, data, real: torch.Tensor, labels: torch.Tensor,
     ``y'`` another class (``d_margin_class``) or, on the shapes data, the same colour with another shape
     (``d_margin_shape``), and how often that difference is positive (``d_win_*``: 0.5 is chance, 1 is a D that
     always prefers the true label; unlike the margin it compares across networks of different output scales).
-    A D that does not tell two classes apart cannot teach G to draw them apart."""
+    A D that does not tell two classes apart cannot teach G to draw them apart. ``real`` is the batch D has just
+    stepped on, so these read high; ``benchmarks/gan_discriminator_labels.py`` measures on held-out images."""
     k = len(data.classes)
     d.track_magnitudes = True
     own = d(real, labels)
