@@ -20,7 +20,8 @@ import torch
 def label_preference(run: Path, n_images: int) -> dict:
     from safetensors.torch import load_model
 
-    from kinegen.data.shape_images import DEFAULT_CLASSES, HELD_OUT_SEED, REFERENCE_SEEDS, batch
+    from kinegen.data.shape_images import DEFAULT_CLASSES
+    from kinegen.evaluation.gan_metrics import reference_images
     from kinegen.models.mpgan import Discriminator
     from kinegen.models.mpgan_config import GANConfig
 
@@ -29,9 +30,8 @@ def label_preference(run: Path, n_images: int) -> dict:
     d = Discriminator(net).eval()
     load_model(d, str(run / "checkpoint" / "discriminator.safetensors"))
     step = json.loads((run / "checkpoint" / "state.json").read_text())["step"]
-    labels = np.arange(n_images) % len(DEFAULT_CLASSES)
-    real = torch.from_numpy(batch(HELD_OUT_SEED + REFERENCE_SEEDS + np.arange(n_images), labels, net.resolution))
-    real = real.permute(0, 3, 1, 2).float() / 127.5 - 1.0
+    images, labels = reference_images(n_images, net.resolution)
+    real = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1.0
     scores = torch.stack([d(real, torch.full((n_images,), c)) for c in range(len(DEFAULT_CLASSES))], 1)  # [N, K]
     own = scores[torch.arange(n_images), torch.from_numpy(labels)]
     wins = {"class": [], "shape": []}

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..data.shape_images import DEFAULT_CLASSES
 from ..models.gan_classifier import FeatureClassifier
 
 
@@ -110,9 +111,18 @@ def load_classifier(folder=None) -> FeatureClassifier:
     return clf.eval()
 
 
+def reference_images(n_images: int, resolution: int) -> tuple[np.ndarray, np.ndarray]:
+    """The held-out real images the GAN metrics compare against: uint8 ``[N, H, W, 3]``, classes balanced, and
+    their labels (never seen by the GAN or the evaluation classifier)."""
+    from ..data.shape_images import HELD_OUT_SEED, REFERENCE_SEEDS, batch
+
+    labels = np.arange(n_images) % len(DEFAULT_CLASSES)
+    return batch(HELD_OUT_SEED + REFERENCE_SEEDS + np.arange(n_images), labels, resolution), labels
+
+
 def evaluate_pipeline(pipe, n_images: int = 1200, classifier=None, seed: int = 0, fid_weights=None) -> dict:
     """Generate ``n_images`` (classes balanced) and compare them with as many held-out real images."""
-    from ..data.shape_images import HELD_OUT_SEED, REFERENCE_SEEDS, batch, class_names
+    from ..data.shape_images import class_names
     from ..errors import ConfigError
 
     names = pipe.class_names
@@ -120,9 +130,7 @@ def evaluate_pipeline(pipe, n_images: int = 1200, classifier=None, seed: int = 0
         raise ConfigError("kinegen eval gan measures models trained on the procedural shapes (classes "
                           f"{', '.join(class_names())}); this model's classes are {', '.join(names[:6])}...")
     clf = classifier or load_classifier()
-    labels = np.arange(n_images) % len(names)
-    res = pipe.gan.config.resolution
-    real = batch(HELD_OUT_SEED + REFERENCE_SEEDS + np.arange(n_images), labels, res)
+    real, labels = reference_images(n_images, pipe.gan.config.resolution)
     fake = pipe(class_labels=labels.tolist(), seeds=[seed * 1_000_003 + i for i in range(n_images)],
                 output_type="np").images
     fake = (fake * 255).round().astype(np.uint8)

@@ -297,8 +297,7 @@ class TrainingEval:
     """
 
     def __init__(self, run_dir: Path, cfg: GANTrainConfig, data, sigmas, z_dim: int, target_sigma: float = 0.08):
-        from ..data.shape_images import HELD_OUT_SEED, REFERENCE_SEEDS, batch
-        from ..evaluation.gan_metrics import load_classifier
+        from ..evaluation.gan_metrics import load_classifier, reference_images
 
         if not isinstance(data, ShapesData):
             raise ConfigError("--eval-every measures with the shapes evaluation classifier, so it needs --data shapes; "
@@ -309,8 +308,7 @@ class TrainingEval:
         self.ema_index = min(range(len(sigmas)), key=lambda i: abs(sigmas[i] - target_sigma))
         self.sigma = sigmas[self.ema_index]
         self.classifier = load_classifier()
-        self.labels = np.arange(cfg.eval_images) % len(data.classes)
-        self.real = batch(HELD_OUT_SEED + REFERENCE_SEEDS + np.arange(cfg.eval_images), self.labels, cfg.resolution)
+        self.real, self.labels = reference_images(cfg.eval_images, cfg.resolution)
         self.z = torch.randn(cfg.eval_images, z_dim, generator=torch.Generator().manual_seed(7))
 
     @torch.no_grad()
