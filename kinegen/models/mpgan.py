@@ -306,7 +306,8 @@ class Discriminator(nn.Module):
         self.magnitudes: list[float] = []
         self.track_magnitudes = False
 
-    def forward(self, x: torch.Tensor, class_labels: torch.Tensor) -> torch.Tensor:
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The image's embedding ``h`` ``[N, embed_dim]``: the trunk, the head and the last linear layer."""
         cfg = self.cfg
         mags = []
         x = self.from_rgb(x)
@@ -330,14 +331,30 @@ class Discriminator(nn.Module):
             h = lrelu(self.basis(h), cfg.mp_lrelu)[:, :, 0, 0]
         else:
             h = self.basis(x)[:, :, 0, 0]
-        h = self.head2(h)
-        if cfg.shared_class_init:
-            e = self.class_embed(class_labels).to(h.dtype)
-        else:
-            e = self.class_embed(F.one_hot(class_labels, cfg.num_classes).to(h.dtype) * math.sqrt(cfg.num_classes))
         if self.track_magnitudes:
             self.magnitudes = mags
-        return (h * e).sum(1) / math.sqrt(cfg.embed_dim)
+        return self.head2(h)
+
+    def class_table(self) -> torch.Tensor:
+        """Every class's embedding ``e_c``, ``[num_classes, embed_dim]``."""
+        cfg = self.cfg
+        if cfg.shared_class_init:
+            return normalize(self.class_embed.weight, self.class_embed.centering).flatten(1)
+        eye = torch.eye(cfg.num_classes, device=self.class_embed.weight.device)
+        return self.class_embed(eye * math.sqrt(cfg.num_classes))
+
+    def class_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The projection logit under every class, ``[N, num_classes]``: ``D(x, c) = h(x) . e_c / sqrt(dim)``
+        (Miyato & Koyama 2018, Eq. 3, without the unconditional term, as R3GAN). Read as a classifier's logits,
+        they are what the label-matching term of ``kinegen train gan --class-weight`` trains (Han et al. 2021)."""
+        h = self.features(x)
+        return h @ self.class_table().to(h.dtype).T / math.sqrt(self.cfg.embed_dim)
+
+    def forward(self, x: torch.Tensor, class_labels: torch.Tensor) -> torch.Tensor:
+        """The projection logit ``D(x, y)`` of each image under its own label, ``[N]``."""
+        h = self.features(x)
+        e = self.class_table().to(h.dtype)[class_labels]
+        return (h * e).sum(1) / math.sqrt(self.cfg.embed_dim)
 
 
 def renormalize_(module: nn.Module) -> None:

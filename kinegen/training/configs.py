@@ -127,6 +127,7 @@ class GANTrainConfig:
     batch_size: int = 32
     lr: float = 0.0  # 0 = the variant's default (MP 3e-3, R3GAN 2e-4), decayed 10x by a cosine to the end
     gamma: float = 1.0  # R1/R2 weight at the start, decayed 10x by a cosine
+    class_weight: float = 0.0  # label-matching term (D classifies real images, G its own); 0 = R3GAN's loss alone
     dataset_images: int = 20000  # procedural images (the "shapes" data) drawn from a fixed pool
     out_gain_init: float = 1.0  # MP generator's learned output gain at step 0 (runs before 2026-11-30: 0)
     ema_sigma_rels: str = "0.05,0.10"

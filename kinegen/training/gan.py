@@ -230,14 +230,14 @@ def train_gan(run_dir: str | Path, cfg: GANTrainConfig) -> Path:
         # D step
         with torch.no_grad():
             fake = g(torch.randn(cfg.batch_size, net.z_dim, generator=gen), labels)
-        loss_d, stats = discriminator_loss(d, real, fake, labels, gamma)
+        loss_d, stats = discriminator_loss(d, real, fake, labels, gamma, cfg.class_weight)
         opt_d.zero_grad(set_to_none=True)
         loss_d.backward()
         opt_d.step()
         renormalize_(d)
         # G step
         fake = g(torch.randn(cfg.batch_size, net.z_dim, generator=gen), labels)
-        loss_g, gstats = generator_loss(d, real, fake, labels)
+        loss_g, gstats = generator_loss(d, real, fake, labels, cfg.class_weight)
         opt_g.zero_grad(set_to_none=True)
         loss_g.backward()
         opt_g.step()

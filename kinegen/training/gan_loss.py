@@ -3,6 +3,16 @@
     L_D = softplus(D(x_f) - D(x_r)) + gamma/2 (||grad_x_r D(x_r)||^2 + ||grad_x_f D(x_f)||^2)
     L_G = softplus(D(x_r) - D(x_f))
 
+With ``class_weight`` lambda > 0, a label-matching term is added (Han et al., "Dual Projection Generative
+Adversarial Networks", NeurIPS 2021, Sec. 3.2): the projection logits under every class, ``D(x, c)`` for all
+``c``, are read as a classifier's logits, D learns to classify real images and G to make its images
+classified as their labels:
+
+    L_D += lambda CE(D(x_r, .), y)        L_G += lambda CE(D(x_f, .), y)
+
+A departure from R3GAN, whose projection D is trained only by the pairing loss (docs/gan.md, "Class
+conditioning"). The penalties stay on ``D(x, y)`` alone.
+
 The penalties are taken through a double backward (``create_graph=True``): detaching them would make
 them constant in D's parameters and remove their effect (brownvc/R3GAN#20).
 """
@@ -19,20 +29,40 @@ def gradient_penalty(logits: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor
     return grad.square().flatten(1).sum(1)
 
 
-def discriminator_loss(d, real: torch.Tensor, fake: torch.Tensor, labels: torch.Tensor, gamma: float):
+def _logits(d, x: torch.Tensor, labels: torch.Tensor, class_weight: float):
+    """``D(x, y)`` and, when the label-matching term is on, the logits under every class (else None)."""
+    if not class_weight:
+        return d(x, labels), None
+    every = d.class_logits(x)
+    return every.gather(1, labels[:, None])[:, 0], every
+
+
+def discriminator_loss(d, real: torch.Tensor, fake: torch.Tensor, labels: torch.Tensor, gamma: float,
+                       class_weight: float = 0.0):
     """Returns ``(loss, stats)``; ``fake`` must come from the generator without a graph to it."""
     real = real.detach().requires_grad_(True)
     fake = fake.detach().requires_grad_(True)
-    d_real, d_fake = d(real, labels), d(fake, labels)
+    (d_real, every_real), d_fake = _logits(d, real, labels, class_weight), d(fake, labels)
     adv = F.softplus(d_fake - d_real)
     r1, r2 = gradient_penalty(d_real, real), gradient_penalty(d_fake, fake)
     loss = (adv + gamma / 2 * (r1 + r2)).mean()
-    return loss, {"d_adv": float(adv.detach().mean()), "r1": float(r1.detach().mean()),
-                  "r2": float(r2.detach().mean()), "d_real": float(d_real.detach().mean()),
-                  "d_fake": float(d_fake.detach().mean())}
+    stats = {"d_adv": float(adv.detach().mean()), "r1": float(r1.detach().mean()),
+             "r2": float(r2.detach().mean()), "d_real": float(d_real.detach().mean()),
+             "d_fake": float(d_fake.detach().mean())}
+    if every_real is not None:
+        cls = F.cross_entropy(every_real, labels)
+        loss = loss + class_weight * cls
+        stats["d_cls"] = float(cls.detach())
+    return loss, stats
 
 
-def generator_loss(d, real: torch.Tensor, fake: torch.Tensor, labels: torch.Tensor):
-    d_real, d_fake = d(real.detach(), labels), d(fake, labels)
-    loss = F.softplus(d_real - d_fake).mean()
-    return loss, {"g_adv": float(loss.detach())}
+def generator_loss(d, real: torch.Tensor, fake: torch.Tensor, labels: torch.Tensor, class_weight: float = 0.0):
+    d_real = d(real.detach(), labels)
+    d_fake, every_fake = _logits(d, fake, labels, class_weight)
+    adv = F.softplus(d_real - d_fake).mean()
+    stats = {"g_adv": float(adv.detach())}
+    if every_fake is None:
+        return adv, stats
+    cls = F.cross_entropy(every_fake, labels)
+    stats["g_cls"] = float(cls.detach())
+    return adv + class_weight * cls, stats
