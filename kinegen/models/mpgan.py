@@ -345,7 +345,7 @@ class Discriminator(nn.Module):
 
     def class_logits(self, x: torch.Tensor) -> torch.Tensor:
         """The projection logit under every class, ``[N, num_classes]``: ``D(x, c) = h(x) . e_c / sqrt(dim)``
-        (Miyato & Koyama 2018, Eq. 3, without the unconditional term, as R3GAN). Read as a classifier's logits,
+        (Miyato & Koyama 2018, without the unconditional term, as in R3GAN). Read as a classifier's logits,
         they are what the label-matching term of ``kinegen train gan --class-weight`` trains (Han et al. 2021)."""
         h = self.features(x)
         return h @ self.class_table().to(h.dtype).T / math.sqrt(self.cfg.embed_dim)
