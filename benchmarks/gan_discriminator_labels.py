@@ -32,7 +32,7 @@ def label_preference(run: Path, n_images: int) -> dict:
     step = json.loads((run / "checkpoint" / "state.json").read_text())["step"]
     images, labels = reference_images(n_images, net.resolution)
     real = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1.0
-    scores = torch.stack([d(real, torch.full((n_images,), c)) for c in range(len(DEFAULT_CLASSES))], 1)  # [N, K]
+    scores = d.class_logits(real)  # [N, K]: D(x, c) for every class c
     own = scores[torch.arange(n_images), torch.from_numpy(labels)]
     wins = {"class": [], "shape": []}
     for i, y in enumerate(labels):

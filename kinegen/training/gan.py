@@ -272,16 +272,17 @@ def discriminator_diagnostics(d, data, real: torch.Tensor, labels: torch.Tensor,
     stepped on, so these read high; ``benchmarks/gan_discriminator_labels.py`` measures on held-out images."""
     k = len(data.classes)
     d.track_magnitudes = True
-    own = d(real, labels)
+    every = d.class_logits(real)  # one forward: D(x, c) for every class c
     d.track_magnitudes = False
     out = {f"mag_{i}": m for i, m in enumerate(d.magnitudes)}
+    own = every.gather(1, labels[:, None])[:, 0]
     swaps = {}
     if k > 1:
         swaps["class"] = (labels + torch.randint(1, k, labels.shape, generator=gen)) % k
     if hasattr(data, "other_shape"):
         swaps["shape"] = data.other_shape(labels, gen)
     for name, other in swaps.items():
-        diff = own - d(real, other)
+        diff = own - every.gather(1, other[:, None])[:, 0]
         out[f"d_margin_{name}"] = float(diff.mean())  # in D's units, which differ between networks
         out[f"d_win_{name}"] = float((diff > 0).float().mean())  # scale-free: 0.5 = D ignores the label
     return out
