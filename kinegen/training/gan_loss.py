@@ -57,7 +57,10 @@ def discriminator_loss(d, real: torch.Tensor, fake: torch.Tensor, labels: torch.
 
 
 def generator_loss(d, real: torch.Tensor, fake: torch.Tensor, labels: torch.Tensor, class_weight: float = 0.0):
-    d_real = d(real.detach(), labels)
+    """Returns ``(loss, stats)``. ``D(x_r)`` is a constant for G, so it is taken without a graph; the caller
+    freezes D's parameters for the backward (their gradients would be thrown away)."""
+    with torch.no_grad():
+        d_real = d(real, labels)
     d_fake, every_fake = _logits(d, fake, labels, class_weight)
     adv = F.softplus(d_real - d_fake).mean()
     stats = {"g_adv": float(adv.detach())}
