@@ -34,9 +34,10 @@ def add_parser(subparsers) -> None:
     add_loading_flags(adh)
     adh.set_defaults(func=run_adherence, model=DEFAULT_MODEL)
     evg = esub.add_parser(
-        "gan", help="FD, KID, precision/recall, class accuracy and mode coverage of a GAN",
+        "gan", help="FD, KID, precision/recall, class accuracy, mode coverage and backgrounds of a GAN",
         description="Generate images of every class from an MPGANPipeline folder and compare them with held-out "
-                    "procedural images in the feature space of the bundled evaluation classifier (no downloads). "
+                    "procedural images in the feature space of the bundled evaluation classifier (no downloads), and "
+                    "their background colours and textures with the real images' (read by rule). "
                     "With --inception-weights, the Inception FID too.")
     evg.add_argument("--model", "-m", required=True, metavar="DIR", help="an MPGANPipeline folder")
     evg.add_argument("--images", type=int, default=1200, metavar="N", help="generated and real images (default: 1200)")
@@ -111,7 +112,8 @@ def run_gan(args) -> int:
     m = evaluate_pipeline(pipe, args.images, clf, seed=args.seed, fid_weights=args.inception_weights)
     print(f"{args.model}: FD {m['fd']:.4f} | KID {m['kid']:.5f} +- {m['kid_std']:.5f} | precision "
           f"{m['precision']:.3f} recall {m['recall']:.3f} | class accuracy {m['class_accuracy']:.1%} | modes "
-          f"{m['modes_covered']}/{m['modes']}" + (f" | Inception FID {m['inception_fid']:.2f}"
+          f"{m['modes_covered']}/{m['modes']} | backgrounds: TV {m['background_pair_tv']:.2f} over colour x "
+          f"texture, {m['background_other']:.0%} none of the data's" + (f" | Inception FID {m['inception_fid']:.2f}"
                                                    if "inception_fid" in m else ""))
     if args.output:
         atomic_write_text(args.output, json.dumps(m, indent=2) + "\n")

@@ -340,19 +340,27 @@ def _polygon(shape: str, cx: float, cy: float, r: float, rot: float) -> np.ndarr
     return np.array(pts)
 
 
+def texture_mask(texture: str, h: int, w: int) -> np.ndarray:
+    """The 0/1 ``[h, w]`` pattern of a checkered or striped background (cells of 1/8, stripes of 1/10 of the
+    shorter side, anchored at the top-left corner)."""
+    yy, xx = np.mgrid[0:h, 0:w]
+    if texture == "checkered":
+        cell = max(2, min(h, w) // 8)
+        return ((yy // cell + xx // cell) % 2).astype(np.float32)
+    if texture == "striped":
+        stripe = max(2, min(h, w) // 10)
+        return (((xx + yy) // stripe) % 2).astype(np.float32)
+    raise ValueError(f"no pattern for texture {texture!r}; patterned textures: checkered, striped")
+
+
 def _background(name: str, texture: str, h: int, w: int, seed: int) -> np.ndarray:
     base = np.array(BACKGROUNDS[name], np.float32)
     img = np.broadcast_to(base, (h, w, 3)).copy()
     if texture == "checkered":
-        cell = max(2, min(h, w) // 8)
-        yy, xx = np.mgrid[0:h, 0:w]
-        mask = ((yy // cell + xx // cell) % 2).astype(np.float32)[..., None]
+        mask = texture_mask(texture, h, w)[..., None]
         img = img * (1 - 0.25 * mask) + 0.25 * mask * np.minimum(base + 60, 255)
     elif texture == "striped":
-        stripe = max(2, min(h, w) // 10)
-        yy, xx = np.mgrid[0:h, 0:w]
-        mask = (((xx + yy) // stripe) % 2).astype(np.float32)[..., None]
-        img = img + 28 * mask
+        img = img + 28 * texture_mask(texture, h, w)[..., None]
     elif texture == "noisy":
         rng = np.random.default_rng(seed + 7919)
         small = rng.normal(0, 18, (max(2, h // 4), max(2, w // 4), 1)).astype(np.float32)
