@@ -43,13 +43,27 @@ def test_reader_says_other_off_the_data():
 def test_compare_backgrounds_separates_the_data_from_one_background():
     seeds, labels = HELD_OUT_SEED + 4_000_000 + np.arange(480), np.arange(480) % 12
     real, other_real = batch(seeds[:240], labels[:240]), batch(seeds[240:], labels[240:])
-    same = compare_backgrounds(real, other_real)
+    same = compare_backgrounds(real, other_real, labels[240:])
     assert same["colour_tv"] < 0.15 and same["texture_tv"] < 0.15 and same["pair_tv"] < 0.3  # sampling noise
+    assert same["colour_tv_by_class"] < 0.3
     assert same["other"] == 0.0 and same["missed_pairs"] == []
     # A generator that draws every shape on a plain gray background.
     gray = np.stack([render_clip(ClipSpec((ObjectSpec(shape, colour, "left", "", 0.27, (0.5, 0.5), 0.0, 0.3),),
                                           "gray", "plain", "", 0), frames=1, height=32, width=32)[0]
                      for colour, shape in DEFAULT_CLASSES] * 20)
-    one = compare_backgrounds(real, gray)
+    one = compare_backgrounds(real, gray, np.arange(len(gray)) % 12)
     assert one["fake"]["colours"]["gray"] == 1.0 and one["fake"]["textures"]["plain"] == 1.0
-    assert one["colour_tv"] > 0.6 and len(one["missed_pairs"]) >= 14
+    assert one["colour_tv"] > 0.6 and one["colour_tv_by_class"] > 0.6 and len(one["missed_pairs"]) >= 14
+
+
+def test_backgrounds_tied_to_the_class_fail_within_a_class_only():
+    """Each class always on one background, the backgrounds spread evenly over the classes: the pooled colours
+    match the data, the colours within a class do not."""
+    seeds, labels = HELD_OUT_SEED + 6_000_000 + np.arange(480), np.arange(480) % 12
+    real = batch(seeds, labels)
+    names = list(BACKGROUNDS)
+    tied = np.stack([render_clip(ClipSpec((ObjectSpec(shape, colour, "left", "", 0.27, (0.5, 0.5), 0.0, 0.3),),
+                                          names[c % 4], "plain", "", 0), frames=1, height=32, width=32)[0]
+                     for c, (colour, shape) in enumerate(DEFAULT_CLASSES)] * 40)
+    m = compare_backgrounds(real, tied, np.arange(len(tied)) % 12)
+    assert m["colour_tv"] < 0.1 and m["colour_tv_by_class"] == pytest.approx(0.75, abs=0.08)

@@ -11,7 +11,8 @@ data are drawn (:func:`kinegen.data.shapes._background`):
   channel mean) is the base colour's whatever the texture; gray and black share a chroma and differ in
   brightness;
 - the patterned textures sit at fixed places (:func:`kinegen.data.shapes.texture_mask`), so their
-  brightness correlates with the pattern; noise raises the spread without the pattern; plain has neither.
+  brightness correlates with the pattern; noise spreads the brightness (its median absolute deviation)
+  without the pattern; plain has neither.
 
 The base colour is read from the outer ring of the image (the median of its pixels' chroma and brightness:
 the shape covers at most part of it), the texture from every pixel whose chroma is the base's (the shape's
@@ -32,7 +33,8 @@ RING = 2  # pixels of the border that the base colour is read from
 MAX_CHROMA_ERROR = 16.0  # the ring's median chroma may be this far from the base's (0-255 units)
 MAX_OFFSET = (-30.0, 60.0)  # and its brightness this far from the base (textures add 0 to +28, noise +-)
 MIN_BACKGROUND = 0.5  # the least share of an image in the background colour (the data's least is 0.62)
-TEXTURE_SPREAD = 4.0  # brightness std (0-255) above which a background is not plain (data: 0 plain, 7.5 and up)
+TEXTURE_SPREAD = 2.5  # brightness MAD (0-255) above which an unpatterned background is noisy (data: 0 plain,
+#                       5 to 13 noisy)
 PATTERN_CORRELATION = 0.6  # correlation with a pattern above which the texture is that pattern
 
 
@@ -73,14 +75,16 @@ def read_texture(img: np.ndarray, base: str) -> str:
         return OTHER
     background = background_mask(img, base)
     brightness = (img.astype(np.float32) - np.asarray(BACKGROUNDS[base], np.float32)).mean(-1)[background]
-    if brightness.std() < TEXTURE_SPREAD:
+    if brightness.std() < 1e-3:
         return "plain"
     h, w = img.shape[:2]
     for pattern in ("checkered", "striped"):
         mask = texture_mask(pattern, h, w)[background]
         if mask.std() > 0 and np.corrcoef(brightness, mask)[0, 1] > PATTERN_CORRELATION:
             return pattern
-    return "noisy"
+    # The median absolute deviation, not the std: a thin dark outline around a generated shape is not noise.
+    spread = float(np.median(np.abs(brightness - np.median(brightness))))
+    return "plain" if spread < TEXTURE_SPREAD else "noisy"
 
 
 def read_background(img: np.ndarray) -> tuple[str, str]:
@@ -107,14 +111,26 @@ def _total_variation(p: dict, q: dict) -> float:
     return 0.5 * sum(abs(p.get(k, 0.0) - q.get(k, 0.0)) for k in set(p) | set(q))
 
 
-def compare_backgrounds(real: np.ndarray, fake: np.ndarray) -> dict:
+def compare_backgrounds(real: np.ndarray, fake: np.ndarray, fake_labels: np.ndarray | None = None) -> dict:
     """The generated images' background colours and textures against the real images': frequencies of both,
     total-variation distances (0 = the same distribution, 1 = disjoint) of the colours, the textures and the
     16 (colour, texture) pairs (``"other"`` counted as one more value), and the pairs that the real images
-    show and the generated ones never do."""
+    show and the generated ones never do.
+
+    With ``fake_labels``, also the colours and textures *within each class* against the real images' (the
+    data draw the background independently of the class, so every class should show all of them), averaged
+    over the classes: a generator that ties a background to each class can match the pooled frequencies and
+    still fail these.
+    """
     r, f = background_frequencies(real), background_frequencies(fake)
     missed = [k for k, v in r["pairs"].items() if k != OTHER and v > 0 and f["pairs"][k] == 0]
-    return {"colour_tv": _total_variation(r["colours"], f["colours"]),
-            "texture_tv": _total_variation(r["textures"], f["textures"]),
-            "pair_tv": _total_variation(r["pairs"], f["pairs"]),
-            "other": f["colours"][OTHER], "missed_pairs": missed, "real": r, "fake": f}
+    out = {"colour_tv": _total_variation(r["colours"], f["colours"]),
+           "texture_tv": _total_variation(r["textures"], f["textures"]),
+           "pair_tv": _total_variation(r["pairs"], f["pairs"]),
+           "other": f["colours"][OTHER], "missed_pairs": missed, "real": r, "fake": f}
+    if fake_labels is not None:
+        per_class = [background_frequencies(fake[fake_labels == c]) for c in np.unique(fake_labels)]
+        out["colour_tv_by_class"] = float(np.mean([_total_variation(r["colours"], p["colours"]) for p in per_class]))
+        out["texture_tv_by_class"] = float(np.mean([_total_variation(r["textures"], p["textures"])
+                                                    for p in per_class]))
+    return out

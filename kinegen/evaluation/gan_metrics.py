@@ -8,8 +8,8 @@
 - **mode coverage**: classes (modes) whose generated images are recognised as that class at least
   half the time, out of all classes;
 - **backgrounds**: how far the generated images' background colours and textures are from the real
-  images' (total variation over the colours, the textures and their 16 pairs; the share of backgrounds
-  that are none of the data's; :mod:`kinegen.evaluation.gan_backgrounds`).
+  images' (total variation over the colours, the textures and their 16 pairs, pooled and within each
+  class; the share of backgrounds that are none of the data's; :mod:`kinegen.evaluation.gan_backgrounds`).
 
 The Inception FID is added when torchmetrics finds its weights on disk (``fid_weights=PATH``).
 The classifier is :class:`kinegen.models.gan_classifier.FeatureClassifier`, trained by
@@ -83,8 +83,9 @@ def evaluate_images(clf: FeatureClassifier, real: np.ndarray, real_labels: np.nd
            "recall": rec, "class_accuracy": float((pred == fake_labels).mean()),
            "modes_covered": int(sum(a >= 0.5 for a in per_class if a == a)), "modes": num_classes,
            "per_class_accuracy": per_class, "n_real": len(real), "n_fake": len(fake)}
-    bg = compare_backgrounds(real, fake)
-    out.update({f"background_{k}": bg[k] for k in ("colour_tv", "texture_tv", "pair_tv", "other", "missed_pairs")})
+    bg = compare_backgrounds(real, fake, fake_labels)
+    out.update({f"background_{k}": bg[k] for k in ("colour_tv", "texture_tv", "pair_tv", "colour_tv_by_class",
+                                                   "texture_tv_by_class", "other", "missed_pairs")})
     out["backgrounds"] = {"real": bg["real"], "fake": bg["fake"]}
     if fid_weights:
         fid = FrechetInceptionDistance(feature=2048, feature_extractor_weights_path=fid_weights)

@@ -324,12 +324,13 @@ class TrainingEval:
         m = evaluate_images(self.classifier, self.real, self.labels, fake, self.labels)
         row = {"step": step, "ema_sigma_rel": self.sigma, **{k: m[k] for k in (
             "class_accuracy", "modes_covered", "fd", "kid", "precision", "recall", "background_pair_tv",
-            "background_other")}}
+            "background_colour_tv_by_class", "background_other")}}
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
         print(f"eval at step {step}: class accuracy {m['class_accuracy']:.3f}, modes {m['modes_covered']}, "
               f"FD {m['fd']:.1f}, KID {m['kid']:.2f}, precision {m['precision']:.2f}, recall {m['recall']:.2f}, "
-              f"backgrounds TV {m['background_pair_tv']:.2f}",
+              f"backgrounds TV {m['background_pair_tv']:.2f} ({m['background_colour_tv_by_class']:.2f} colour "
+              "within a class)",
               flush=True)
         return row
 
