@@ -290,6 +290,56 @@ def test_gan_training_with_the_label_matching_term_logs_both_class_losses(tmp_pa
     assert "d_cls" not in json.loads((plain / "log.jsonl").read_text().splitlines()[-1])
 
 
+def test_diversity_term_is_the_bounded_image_to_latent_distance_ratio():
+    from kinegen.training.gan_loss import diversity_term
+
+    z, z2 = torch.zeros(2, 4), torch.ones(2, 4)  # mean |z - z2| = 1
+    a = torch.zeros(2, 3, 2, 2)
+    b = torch.stack([torch.full((3, 2, 2), 0.5), torch.full((3, 2, 2), 3.0)])  # ratios 0.5 and 3
+    assert float(diversity_term(a, b, z, z2, bound=1.0)) == pytest.approx((0.5 + 1.0) / 2)  # 3 is bounded to 1
+    assert float(diversity_term(a, b, z, z2, bound=5.0)) == pytest.approx((0.5 + 3.0) / 2)
+
+
+def test_diversity_term_makes_the_generator_use_z():
+    """Maximising the term alone, a generator's images of one label move apart between latents."""
+    from kinegen.training.gan_loss import diversity_term
+
+    cfg = GANConfig(**SMALL)
+    torch.manual_seed(0)
+    g = Generator(cfg)
+    opt = torch.optim.Adam(g.parameters(), lr=3e-3, betas=(0.0, 0.99))
+    labels = torch.tensor([0, 1, 2, 3] * 2)
+
+    def ratio(seed):
+        gen = torch.Generator().manual_seed(seed)
+        z, z2 = torch.randn(8, cfg.z_dim, generator=gen), torch.randn(8, cfg.z_dim, generator=gen)
+        return diversity_term(g(z, labels), g(z2, labels), z, z2, bound=10.0)
+
+    with torch.no_grad():
+        before = float(ratio(99))
+    for step in range(30):
+        loss = -ratio(step)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        renormalize_(g)
+    with torch.no_grad():
+        assert float(ratio(99)) > 1.5 * before
+
+
+def test_gan_training_with_the_diversity_term_logs_it(tmp_path):
+    import json
+
+    from kinegen.training.gan import train_gan
+
+    train_gan(tmp_path / "run", _tiny_train(diversity_weight=1.0))
+    logs = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert all(r["g_div"] > 0 for r in logs)
+    plain = tmp_path / "plain"
+    train_gan(plain, _tiny_train())
+    assert "g_div" not in json.loads((plain / "log.jsonl").read_text().splitlines()[-1])
+
+
 def test_discriminator_class_margins_start_at_zero_with_shared_class_embeddings():
     from kinegen.models.mpgan import Discriminator
     from kinegen.models.mpgan_config import GANConfig

@@ -34,7 +34,7 @@ from ..models.mpgan import Discriminator, Generator, renormalize_
 from ..models.mpgan_config import MP_SWITCHES, GANConfig
 from .common import Progress, TimeBox, load_checkpoint
 from .configs import GAN_DEFAULT_LR, GANTrainConfig
-from .gan_loss import discriminator_loss, generator_loss
+from .gan_loss import discriminator_loss, diversity_term, generator_loss
 from .phema import PowerEMA
 
 
@@ -236,9 +236,15 @@ def train_gan(run_dir: str | Path, cfg: GANTrainConfig) -> Path:
         opt_d.step()
         renormalize_(d)
         # G step
-        fake = g(torch.randn(cfg.batch_size, net.z_dim, generator=gen), labels)
+        z = torch.randn(cfg.batch_size, net.z_dim, generator=gen)
+        fake = g(z, labels)
         d.requires_grad_(False)  # the backward then skips D's weight gradients (about a tenth of a step)
         loss_g, gstats = generator_loss(d, real, fake, labels, cfg.class_weight)
+        if cfg.diversity_weight:
+            z2 = torch.randn(cfg.batch_size, net.z_dim, generator=gen)
+            div = diversity_term(fake, g(z2, labels), z, z2, cfg.diversity_bound)
+            loss_g = loss_g - cfg.diversity_weight * div
+            gstats["g_div"] = float(div.detach())
         opt_g.zero_grad(set_to_none=True)
         loss_g.backward()
         d.requires_grad_(True)

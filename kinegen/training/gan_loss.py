@@ -13,6 +13,15 @@ classified as their labels:
 A departure from R3GAN, whose projection D is trained only by the pairing loss (docs/gan.md, "Class
 conditioning"). The penalties stay on ``D(x, y)`` alone.
 
+With ``diversity_weight`` beta > 0, G also gets the diversity-sensitive term of DSGAN (Yang et al.,
+"Diversity-Sensitive Conditional Generative Adversarial Networks", ICLR 2019, Eq. 3) on two images of the same
+labels from two latents, bounded by ``tau``:
+
+    L_G -= beta min(mean|G(z1, y) - G(z2, y)| / mean|z1 - z2|, tau)
+
+A departure from R3GAN too, made because a conditional generator whose images of a class all share one
+background gets the same gradient for every z, and so no push to make z matter (docs/gan.md, "Training").
+
 The penalties are taken through a double backward (``create_graph=True``): detaching them would make
 them constant in D's parameters and remove their effect (brownvc/R3GAN#20).
 """
@@ -54,6 +63,13 @@ def discriminator_loss(d, real: torch.Tensor, fake: torch.Tensor, labels: torch.
         loss = loss + class_weight * cls
         stats["d_cls"] = float(cls.detach())
     return loss, stats
+
+
+def diversity_term(fake: torch.Tensor, fake2: torch.Tensor, z: torch.Tensor, z2: torch.Tensor,
+                   bound: float) -> torch.Tensor:
+    """DSGAN's per-pair ``min(mean|G(z1, y) - G(z2, y)| / mean|z1 - z2|, tau)``, averaged (to be maximised)."""
+    ratio = (fake - fake2).abs().flatten(1).mean(1) / (z - z2).abs().mean(1).clamp_min(1e-8)
+    return ratio.clamp(max=bound).mean()
 
 
 def generator_loss(d, real: torch.Tensor, fake: torch.Tensor, labels: torch.Tensor, class_weight: float = 0.0):
