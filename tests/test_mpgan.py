@@ -288,6 +288,10 @@ def test_gan_training_with_the_label_matching_term_logs_both_class_losses(tmp_pa
     plain = tmp_path / "plain"
     train_gan(plain, _tiny_train())
     assert "d_cls" not in json.loads((plain / "log.jsonl").read_text().splitlines()[-1])
+    d_only = tmp_path / "d-only"  # --g-class-share 0: D learns the classes, G gets no cross-entropy
+    train_gan(d_only, _tiny_train(class_weight=1.0, g_class_share=0.0))
+    last = json.loads((d_only / "log.jsonl").read_text().splitlines()[-1])
+    assert "d_cls" in last and "g_cls" not in last
 
 
 def test_diversity_term_is_the_bounded_image_to_latent_distance_ratio():

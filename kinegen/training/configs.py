@@ -128,6 +128,7 @@ class GANTrainConfig:
     lr: float = 0.0  # 0 = the variant's default (MP 3e-3, R3GAN 2e-4), decayed 10x by a cosine to the end
     gamma: float = 1.0  # R1/R2 weight at the start, decayed 10x by a cosine
     class_weight: float = 0.0  # label-matching term (D classifies real images, G its own); 0 = R3GAN's loss alone
+    g_class_share: float = 1.0  # G's label-matching weight as a share of class_weight (1 = D's; 0 = D's side only)
     diversity_weight: float = 0.0  # diversity-sensitive term for G (two z per label); 0 = R3GAN's loss alone
     diversity_bound: float = 0.3  # its bound tau: image L1 per unit of latent L1 (the shapes data's own: 0.32)
     dataset_images: int = 20000  # procedural images (the "shapes" data) drawn from a fixed pool

@@ -239,7 +239,7 @@ def train_gan(run_dir: str | Path, cfg: GANTrainConfig) -> Path:
         z = torch.randn(cfg.batch_size, net.z_dim, generator=gen)
         fake = g(z, labels)
         d.requires_grad_(False)  # the backward then skips D's weight gradients (about a tenth of a step)
-        loss_g, gstats = generator_loss(d, real, fake, labels, cfg.class_weight)
+        loss_g, gstats = generator_loss(d, real, fake, labels, cfg.class_weight * cfg.g_class_share)
         if cfg.diversity_weight:
             z2 = torch.randn(cfg.batch_size, net.z_dim, generator=gen)
             div = diversity_term(fake, g(z2, labels), z, z2, cfg.diversity_bound)
