@@ -40,8 +40,8 @@ def measure(run: Path, n_images: int, sigma: float | None) -> list[dict]:
         fake = ((fake.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
         m = evaluate_images(clf, real, labels, fake, labels)
         rows.append({"step": int(step_s), "sigma_rel": float(sigma_s), **{k: m[k] for k in (
-            "class_accuracy", "modes_covered", "fd", "kid", "precision", "recall", "background_pair_tv",
-            "background_colour_tv_by_class", "background_other")},
+            "class_accuracy", "modes_covered", "fd", "kid", "precision", "recall", "class_spread",
+            "background_pair_tv", "background_colour_tv_by_class", "background_other")},
             "fake_textures": m["backgrounds"]["fake"]["textures"]})
     return rows
 
@@ -52,13 +52,14 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=600)
     parser.add_argument("--sigma", type=float, default=None, help="only the snapshots of this sigma_rel")
     args = parser.parse_args()
-    print("| step | sigma_rel | class accuracy | modes | FD | KID | precision | recall | backgrounds TV "
+    print("| step | sigma_rel | class accuracy | modes | FD | KID | precision | recall | class spread | backgrounds TV "
           "| colour TV within a class | other | plain / checkered / striped / noisy |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in measure(args.run, args.images, args.sigma):
         t = r["fake_textures"]
         print(f"| {r['step']} | {r['sigma_rel']:.2f} | {r['class_accuracy']:.1%} | {r['modes_covered']} "
               f"| {r['fd']:.1f} | {r['kid']:.2f} | {r['precision']:.2f} | {r['recall']:.2f} "
+              f"| {r['class_spread']:.2f} "
               f"| {r['background_pair_tv']:.2f} | {r['background_colour_tv_by_class']:.2f} "
               f"| {r['background_other']:.0%} "
               f"| {' / '.join(f'{t[k]:.0%}' for k in ('plain', 'checkered', 'striped', 'noisy'))} |")

@@ -485,6 +485,10 @@ def test_gan_metrics_tell_real_images_from_noise():
     with torch.no_grad():  # ... and the classifier's reading of the generated (here: other real) images
         pred = clf(torch.from_numpy(other).permute(0, 3, 1, 2).float() / 127.5 - 1).argmax(1).numpy()
     assert same["class_accuracy"] == pytest.approx((pred == labels).mean())
+    # Class spread: other real images vary as much as the real ones; one image per class does not vary.
+    one_each = np.repeat(other[:12], n // 12, axis=0)
+    collapsed = evaluate_images(clf, real, labels, one_each, np.repeat(labels[:12], n // 12), kid_subset=48)
+    assert 0.8 < same["class_spread"] < 1.25 and collapsed["class_spread"] == 0.0
 
 
 def test_bundled_gan_evaluation_classifier_knows_the_classes():

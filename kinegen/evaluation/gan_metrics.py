@@ -7,6 +7,8 @@
 - **class accuracy**: how often the classifier sees the class the generator was asked for;
 - **mode coverage**: classes (modes) whose generated images are recognised as that class at least
   half the time, out of all classes;
+- **class spread**: how much the generated images of one class vary (mean L1 between two of them) as a
+  share of how much the real ones do (1 = as varied as the data; near 0 = one image per class);
 - **backgrounds**: how far the generated images' background colours and textures are from the real
   images' (total variation over the colours, the textures and their 16 pairs, pooled and within each
   class; the share of backgrounds that are none of the data's; :mod:`kinegen.evaluation.gan_backgrounds`).
@@ -54,6 +56,19 @@ def precision_recall(real: np.ndarray, fake: np.ndarray, k: int = 3) -> tuple[fl
     return inside(fake, real, r_real), inside(real, fake, r_fake)
 
 
+def class_spread(images: np.ndarray, labels: np.ndarray) -> float:
+    """Mean per-pixel L1 distance (0-255) between two images of the same class, over disjoint pairs of each
+    class's images: how much the images of one class vary. A generator that draws one image per class
+    scores near 0 whatever its class accuracy."""
+    dists = []
+    for c in np.unique(labels):
+        x = images[labels == c].astype(np.float32)
+        half = len(x) // 2
+        if half:
+            dists.append(np.abs(x[:half] - x[half:2 * half]).mean(axis=(1, 2, 3)))
+    return float(np.concatenate(dists).mean()) if dists else float("nan")
+
+
 @torch.no_grad()
 def evaluate_images(clf: FeatureClassifier, real: np.ndarray, real_labels: np.ndarray, fake: np.ndarray,
                     fake_labels: np.ndarray, kid_subset: int = 500, fid_weights: str | None = None) -> dict:
@@ -83,6 +98,7 @@ def evaluate_images(clf: FeatureClassifier, real: np.ndarray, real_labels: np.nd
            "recall": rec, "class_accuracy": float((pred == fake_labels).mean()),
            "modes_covered": int(sum(a >= 0.5 for a in per_class if a == a)), "modes": num_classes,
            "per_class_accuracy": per_class, "n_real": len(real), "n_fake": len(fake)}
+    out["class_spread"] = class_spread(fake, fake_labels) / max(class_spread(real, real_labels), 1e-8)
     bg = compare_backgrounds(real, fake, fake_labels)
     out.update({f"background_{k}": bg[k] for k in ("colour_tv", "texture_tv", "pair_tv", "colour_tv_by_class",
                                                    "texture_tv_by_class", "other", "missed_pairs")})

@@ -329,15 +329,14 @@ class TrainingEval:
         fake = ((fake.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
         m = evaluate_images(self.classifier, self.real, self.labels, fake, self.labels)
         row = {"step": step, "ema_sigma_rel": self.sigma, **{k: m[k] for k in (
-            "class_accuracy", "modes_covered", "fd", "kid", "precision", "recall", "background_pair_tv",
-            "background_colour_tv_by_class", "background_other")}}
+            "class_accuracy", "modes_covered", "fd", "kid", "precision", "recall", "class_spread",
+            "background_pair_tv", "background_colour_tv_by_class", "background_other")}}
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
         print(f"eval at step {step}: class accuracy {m['class_accuracy']:.3f}, modes {m['modes_covered']}, "
               f"FD {m['fd']:.1f}, KID {m['kid']:.2f}, precision {m['precision']:.2f}, recall {m['recall']:.2f}, "
-              f"backgrounds TV {m['background_pair_tv']:.2f} ({m['background_colour_tv_by_class']:.2f} colour "
-              "within a class)",
-              flush=True)
+              f"class spread {m['class_spread']:.2f}, backgrounds TV {m['background_pair_tv']:.2f} "
+              f"({m['background_colour_tv_by_class']:.2f} colour within a class)", flush=True)
         return row
 
 
