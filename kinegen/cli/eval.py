@@ -34,7 +34,7 @@ def add_parser(subparsers) -> None:
     add_loading_flags(adh)
     adh.set_defaults(func=run_adherence, model=DEFAULT_MODEL)
     evg = esub.add_parser(
-        "gan", help="FD, KID, precision/recall, class accuracy, mode coverage and backgrounds of a GAN",
+        "gan", help="FD, KID, precision/recall, class accuracy, mode coverage, class spread and backgrounds of a GAN",
         description="Generate images of every class from an MPGANPipeline folder and compare them with held-out "
                     "procedural images in the feature space of the bundled evaluation classifier (no downloads), and "
                     "their background colours and textures with the real images' (read by rule). "
@@ -112,7 +112,8 @@ def run_gan(args) -> int:
     m = evaluate_pipeline(pipe, args.images, clf, seed=args.seed, fid_weights=args.inception_weights)
     print(f"{args.model}: FD {m['fd']:.4f} | KID {m['kid']:.5f} +- {m['kid_std']:.5f} | precision "
           f"{m['precision']:.3f} recall {m['recall']:.3f} | class accuracy {m['class_accuracy']:.1%} | modes "
-          f"{m['modes_covered']}/{m['modes']} | backgrounds: TV {m['background_pair_tv']:.2f} over colour x "
+          f"{m['modes_covered']}/{m['modes']} | class spread {m['class_spread']:.2f} | backgrounds: TV "
+          f"{m['background_pair_tv']:.2f} over colour x "
           f"texture, {m['background_other']:.0%} none of the data's" + (f" | Inception FID {m['inception_fid']:.2f}"
                                                    if "inception_fid" in m else ""))
     if args.output:

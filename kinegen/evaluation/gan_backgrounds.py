@@ -69,11 +69,13 @@ def background_mask(img: np.ndarray, base: str) -> np.ndarray:
     return np.linalg.norm(_chroma(img.astype(np.float32)) - _chroma(rgb), axis=-1) < MAX_CHROMA_ERROR
 
 
-def read_texture(img: np.ndarray, base: str) -> str:
-    """The texture of one image whose background colour is ``base``: a name of ``TEXTURES`` or ``"other"``."""
+def read_texture(img: np.ndarray, base: str, background: np.ndarray | None = None) -> str:
+    """The texture of one image whose background colour is ``base``: a name of ``TEXTURES`` or ``"other"``
+    (``background``: its :func:`background_mask`, when already at hand)."""
     if base == OTHER:
         return OTHER
-    background = background_mask(img, base)
+    if background is None:
+        background = background_mask(img, base)
     brightness = (img.astype(np.float32) - np.asarray(BACKGROUNDS[base], np.float32)).mean(-1)[background]
     if brightness.std() < 1e-3:
         return "plain"
@@ -91,14 +93,20 @@ def read_background(img: np.ndarray) -> tuple[str, str]:
     """``(colour, texture)`` of one uint8 ``[H, W, 3]`` image; ``("other", "other")`` when the ring is no
     background colour or when less than ``MIN_BACKGROUND`` of the image is (a frame around another field)."""
     base = read_base(img)
-    if base == OTHER or background_mask(img, base).mean() < MIN_BACKGROUND:
+    if base == OTHER:
         return OTHER, OTHER
-    return base, read_texture(img, base)
+    background = background_mask(img, base)
+    if background.mean() < MIN_BACKGROUND:
+        return OTHER, OTHER
+    return base, read_texture(img, base, background)
 
 
 def background_frequencies(images: np.ndarray) -> dict:
     """How often each colour and texture (and ``"other"``) is read in uint8 ``[N, H, W, 3]`` images."""
-    reads = [read_background(im) for im in images]
+    return _frequencies([read_background(im) for im in images])
+
+
+def _frequencies(reads: list[tuple[str, str]]) -> dict:
     n = max(len(reads), 1)
     colours = {c: sum(r[0] == c for r in reads) / n for c in (*BACKGROUNDS, OTHER)}
     textures = {t: sum(r[1] == t for r in reads) / n for t in (*TEXTURES, OTHER)}
@@ -122,14 +130,16 @@ def compare_backgrounds(real: np.ndarray, fake: np.ndarray, fake_labels: np.ndar
     over the classes: a generator that ties a background to each class can match the pooled frequencies and
     still fail these.
     """
-    r, f = background_frequencies(real), background_frequencies(fake)
+    fake_reads = [read_background(im) for im in fake]
+    r, f = background_frequencies(real), _frequencies(fake_reads)
     missed = [k for k, v in r["pairs"].items() if k != OTHER and v > 0 and f["pairs"][k] == 0]
     out = {"colour_tv": _total_variation(r["colours"], f["colours"]),
            "texture_tv": _total_variation(r["textures"], f["textures"]),
            "pair_tv": _total_variation(r["pairs"], f["pairs"]),
            "other": f["colours"][OTHER], "missed_pairs": missed, "real": r, "fake": f}
     if fake_labels is not None:
-        per_class = [background_frequencies(fake[fake_labels == c]) for c in np.unique(fake_labels)]
+        per_class = [_frequencies([rd for rd, y in zip(fake_reads, fake_labels, strict=True) if y == c])
+                     for c in np.unique(fake_labels)]
         out["colour_tv_by_class"] = float(np.mean([_total_variation(r["colours"], p["colours"]) for p in per_class]))
         out["texture_tv_by_class"] = float(np.mean([_total_variation(r["textures"], p["textures"])
                                                     for p in per_class]))
