@@ -23,10 +23,9 @@ def label_preference(run: Path, n_images: int) -> dict:
     from kinegen.data.shape_images import DEFAULT_CLASSES
     from kinegen.evaluation.gan_metrics import reference_images
     from kinegen.models.mpgan import Discriminator
-    from kinegen.models.mpgan_config import GANConfig
+    from kinegen.training.gan import load_run_config
 
-    net = GANConfig(**{k: tuple(v) if isinstance(v, list) else v
-                       for k, v in json.loads((run / "run.json").read_text())["network"].items()})
+    net = load_run_config(run)
     d = Discriminator(net).eval()
     load_model(d, str(run / "checkpoint" / "discriminator.safetensors"))
     step = json.loads((run / "checkpoint" / "state.json").read_text())["step"]

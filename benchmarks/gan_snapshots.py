@@ -9,25 +9,17 @@ Useful for runs whose ``eval.jsonl`` predates a metric, and to compare the track
 """
 
 import argparse
-import json
 from pathlib import Path
 
-import torch
 
-
-@torch.no_grad()
 def measure(run: Path, n_images: int, sigma: float | None) -> list[dict]:
     from safetensors.torch import load_file
 
-    from kinegen.evaluation.gan_metrics import evaluate_images, load_classifier, reference_images
     from kinegen.models.mpgan import Generator
-    from kinegen.models.mpgan_config import GANConfig
+    from kinegen.training.gan import EVAL_FIELDS, GeneratorEval, load_run_config
 
-    net = GANConfig(**{k: tuple(v) if isinstance(v, list) else v
-                       for k, v in json.loads((run / "run.json").read_text())["network"].items()})
-    clf = load_classifier()
-    real, labels = reference_images(n_images, net.resolution)
-    z = torch.randn(n_images, net.z_dim, generator=torch.Generator().manual_seed(7))  # as the training eval
+    net = load_run_config(run)
+    evaluate = GeneratorEval(n_images, net.resolution, net.z_dim)  # the training eval's images and latents
     rows = []
     for f in sorted((run / "snapshots").glob("*.safetensors")):
         step_s, sigma_s = f.stem.split("_")
@@ -35,14 +27,9 @@ def measure(run: Path, n_images: int, sigma: float | None) -> list[dict]:
             continue
         g = Generator(net).eval()
         g.load_state_dict(load_file(str(f)))
-        y = torch.from_numpy(labels).long()
-        fake = torch.cat([g(z[i:i + 200], y[i:i + 200]) for i in range(0, n_images, 200)])
-        fake = ((fake.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
-        m = evaluate_images(clf, real, labels, fake, labels)
-        rows.append({"step": int(step_s), "sigma_rel": float(sigma_s), **{k: m[k] for k in (
-            "class_accuracy", "modes_covered", "fd", "kid", "precision", "recall", "class_spread",
-            "background_pair_tv", "background_colour_tv_by_class", "background_other")},
-            "fake_textures": m["backgrounds"]["fake"]["textures"]})
+        m = evaluate(g)
+        rows.append({"step": int(step_s), "sigma_rel": float(sigma_s), **{k: m[k] for k in EVAL_FIELDS},
+                     "fake_textures": m["backgrounds"]["fake"]["textures"]})
     return rows
 
 

@@ -296,41 +296,66 @@ def discriminator_diagnostics(d, data, real: torch.Tensor, labels: torch.Tensor,
     return out
 
 
-class TrainingEval:
-    """Class accuracy, FD, KID, precision and recall of G's EMA during training (``eval_every`` steps).
+def load_run_config(run_dir: str | Path) -> GANConfig:
+    """The network configuration a run was trained with (``RUN/run.json``), to rebuild its G or D."""
+    path = Path(run_dir) / "run.json"
+    if not path.is_file():
+        raise ConfigError(f"{run_dir} is not a GAN run folder (no run.json); pass a folder made by kinegen train gan.")
+    net = json.loads(path.read_text())["network"]
+    return GANConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in net.items()})
 
-    The EMA of the tracked ``sigma_rel`` nearest the export's 0.08 generates ``eval_images`` images, classes
-    balanced, from fixed latents; they are measured against as many held-out real images with the bundled
-    evaluation classifier (:mod:`kinegen.evaluation.gan_metrics`, the numbers of ``kinegen eval gan`` at a
-    smaller sample). One JSON line per evaluation goes into ``RUN/eval.jsonl``: the curves over training.
+
+EVAL_FIELDS = ("class_accuracy", "modes_covered", "fd", "kid", "precision", "recall", "class_spread",
+               "background_pair_tv", "background_colour_tv_by_class", "background_other")
+
+
+class GeneratorEval:
+    """One generator measured as ``kinegen eval gan`` measures a model, at a smaller sample.
+
+    ``n_images`` images, classes balanced, from fixed latents (seed 7), against as many held-out real images
+    with the bundled evaluation classifier (:mod:`kinegen.evaluation.gan_metrics`). Calling it returns
+    :func:`~kinegen.evaluation.gan_metrics.evaluate_images`' whole dict.
     """
 
-    def __init__(self, run_dir: Path, cfg: GANTrainConfig, data, sigmas, z_dim: int, target_sigma: float = 0.08):
+    def __init__(self, n_images: int, resolution: int, z_dim: int):
         from ..evaluation.gan_metrics import load_classifier, reference_images
 
-        if not isinstance(data, ShapesData):
-            raise ConfigError("--eval-every measures with the shapes evaluation classifier, so it needs --data shapes; "
-                              "set --eval-every 0 for image-folder data.")
-        if cfg.eval_images < 24:
-            raise ConfigError(f"--eval-images must be at least 24 (two per class); got {cfg.eval_images}.")
-        self.path = run_dir / "eval.jsonl"
-        self.ema_index = min(range(len(sigmas)), key=lambda i: abs(sigmas[i] - target_sigma))
-        self.sigma = sigmas[self.ema_index]
+        if n_images < 24:
+            raise ConfigError(f"an evaluation needs at least 24 images (two per class); got {n_images}.")
         self.classifier = load_classifier()
-        self.real, self.labels = reference_images(cfg.eval_images, cfg.resolution)
-        self.z = torch.randn(cfg.eval_images, z_dim, generator=torch.Generator().manual_seed(7))
+        self.real, self.labels = reference_images(n_images, resolution)
+        self.z = torch.randn(n_images, z_dim, generator=torch.Generator().manual_seed(7))
 
     @torch.no_grad()
-    def __call__(self, g, step: int) -> dict:
+    def __call__(self, g) -> dict:
         from ..evaluation.gan_metrics import evaluate_images
 
         labels = torch.from_numpy(self.labels).long()
         fake = torch.cat([g(self.z[i:i + 200], labels[i:i + 200]) for i in range(0, len(labels), 200)])
         fake = ((fake.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
-        m = evaluate_images(self.classifier, self.real, self.labels, fake, self.labels)
-        row = {"step": step, "ema_sigma_rel": self.sigma, **{k: m[k] for k in (
-            "class_accuracy", "modes_covered", "fd", "kid", "precision", "recall", "class_spread",
-            "background_pair_tv", "background_colour_tv_by_class", "background_other")}}
+        return evaluate_images(self.classifier, self.real, self.labels, fake, self.labels)
+
+
+class TrainingEval:
+    """Class accuracy, FD, KID, precision, recall, class spread and backgrounds of G's EMA during training.
+
+    Every ``eval_every`` steps the EMA of the tracked ``sigma_rel`` nearest the export's 0.08 is measured by a
+    :class:`GeneratorEval` of ``eval_images`` images. One JSON line per evaluation goes into ``RUN/eval.jsonl``:
+    the curves over training.
+    """
+
+    def __init__(self, run_dir: Path, cfg: GANTrainConfig, data, sigmas, z_dim: int, target_sigma: float = 0.08):
+        if not isinstance(data, ShapesData):
+            raise ConfigError("--eval-every measures with the shapes evaluation classifier, so it needs --data shapes; "
+                              "set --eval-every 0 for image-folder data.")
+        self.path = run_dir / "eval.jsonl"
+        self.ema_index = min(range(len(sigmas)), key=lambda i: abs(sigmas[i] - target_sigma))
+        self.sigma = sigmas[self.ema_index]
+        self.measure = GeneratorEval(cfg.eval_images, cfg.resolution, z_dim)
+
+    def __call__(self, g, step: int) -> dict:
+        m = self.measure(g)
+        row = {"step": step, "ema_sigma_rel": self.sigma, **{k: m[k] for k in EVAL_FIELDS}}
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
         print(f"eval at step {step}: class accuracy {m['class_accuracy']:.3f}, modes {m['modes_covered']}, "
