@@ -30,9 +30,19 @@ def label_preference(run: Path, n_images: int) -> dict:
     load_model(d, str(run / "checkpoint" / "discriminator.safetensors"))
     step = json.loads((run / "checkpoint" / "state.json").read_text())["step"]
     images, labels = reference_images(n_images, net.resolution)
+    if net.mbstd_group:  # score each class on its own, whole groups only: D's groups hold one class, as in training
+        keep = np.concatenate([np.flatnonzero(labels == y)[: (labels == y).sum() // net.mbstd_group * net.mbstd_group]
+                               for y in np.unique(labels)])
+        images, labels = images[keep], labels[keep]
     real = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1.0
-    scores = d.class_logits(real)  # [N, K]: D(x, c) for every class c
-    own = scores[torch.arange(n_images), torch.from_numpy(labels)]
+    if net.mbstd_group:
+        scores = torch.empty(len(labels), net.num_classes)
+        for y in np.unique(labels):
+            rows = torch.from_numpy(np.flatnonzero(labels == y))
+            scores[rows] = d.class_logits(real[rows])
+    else:
+        scores = d.class_logits(real)  # [N, K]: D(x, c) for every class c
+    own = scores[torch.arange(len(labels)), torch.from_numpy(labels)]
     wins = {"class": [], "shape": []}
     for i, y in enumerate(labels):
         colour = DEFAULT_CLASSES[y][0]

@@ -344,6 +344,40 @@ def test_gan_training_with_the_diversity_term_logs_it(tmp_path):
     assert "g_div" not in json.loads((plain / "log.jsonl").read_text().splitlines()[-1])
 
 
+def test_minibatch_stddev_is_the_spread_across_each_group():
+    from kinegen.models.mpgan import minibatch_stddev
+
+    x = torch.zeros(4, 2, 1, 1)
+    x[2] = 2.0  # groups {0, 2} (0 and 2 apart: std 1) and {1, 3} (identical: std 0)
+    out = minibatch_stddev(x, group=2)
+    assert out.shape == (4, 3, 1, 1) and torch.equal(out[:, :2], x)
+    assert out[:, 2, 0, 0].tolist() == pytest.approx([1.0, 1e-4, 1.0, 1e-4], abs=1e-6)
+    assert minibatch_stddev(x[:1], group=4).shape == (1, 3, 1, 1)  # a smaller batch is one group
+    with pytest.raises(ValueError, match="multiple of the group size"):
+        minibatch_stddev(torch.zeros(6, 2, 1, 1), group=4)
+
+
+def test_gan_training_with_minibatch_stddev_groups_each_class_and_exports_a_generator(tmp_path):
+    import numpy as np
+
+    from kinegen.errors import ConfigError
+    from kinegen.pipelines import MPGANPipeline
+    from kinegen.training.gan import ShapesData, train_gan
+
+    data = ShapesData(16, pool=1000)
+    idx = data.grouped_indices(np.random.default_rng(0), 32, 4)
+    labels = data.batch(idx)[1].view(4, 8)
+    assert (labels == labels[0]).all() and len(set(labels[0].tolist())) > 1  # one class per group, several groups
+    out = train_gan(tmp_path / "run", _tiny_train(mbstd_group=4, batch_size=8))
+    d = Discriminator(GANConfig(**{**SMALL, "mbstd_group": 4}))
+    assert d(torch.randn(8, 3, SMALL["resolution"], SMALL["resolution"]), torch.arange(8) % 4).shape == (8,)
+    assert MPGANPipeline.from_pretrained(out)(class_labels=[0], output_type="pt").images.shape[0] == 1
+    with pytest.raises(ConfigError, match="multiple of --mbstd-group"):
+        train_gan(tmp_path / "r2", _tiny_train(mbstd_group=3, batch_size=8))
+    with pytest.raises(ConfigError, match="at least 2"):
+        train_gan(tmp_path / "r3", _tiny_train(mbstd_group=1, batch_size=8))
+
+
 def test_discriminator_class_margins_start_at_zero_with_shared_class_embeddings():
     from kinegen.models.mpgan import Discriminator
     from kinegen.models.mpgan_config import GANConfig

@@ -279,6 +279,24 @@ class Generator(nn.Module):
 # ---------------------------------------------------------------------------- discriminator
 
 
+def minibatch_stddev(x: torch.Tensor, group: int) -> torch.Tensor:
+    """Append one channel: the standard deviation across a group of images, averaged over channels and pixels.
+
+    Karras et al., ProGAN (ICLR 2018), Sec. 3, in StyleGAN2's grouped form: image ``i`` is grouped with
+    ``i + n/group``, ``i + 2 n/group``, ... (``n`` must be a multiple of ``group``; smaller batches form one
+    group). A generator that draws one image for every ``z`` gives its groups a standard deviation near 0,
+    which D can see; D alone, scoring one image at a time, cannot.
+    """
+    n, c, h, w = x.shape
+    g = min(group, n)
+    if n % g:
+        raise ValueError(f"minibatch stddev: the batch ({n}) must be a multiple of the group size ({g}).")
+    y = x.float().view(g, n // g, c, h, w)
+    sd = (y.var(0, unbiased=False) + 1e-8).sqrt().mean((1, 2, 3))  # [n/g]
+    return torch.cat([x, sd.to(x.dtype).repeat(g).view(n, 1, 1, 1).expand(n, 1, h, w)], dim=1)
+
+
+
 class Discriminator(nn.Module):
     """Projection discriminator mirroring the generator; ``magnitudes`` holds per-stage activation RMS."""
 
@@ -290,14 +308,15 @@ class Discriminator(nn.Module):
         self.from_rgb = Conv(3, widths[0], 1, bias=True, mp=mp, centering=False, init_gain=LRELU_GAIN_R3GAN)
         self.stages, self.transitions = _stages(widths, cfg)
         c4 = widths[-1]
+        cin = c4 + (1 if cfg.mbstd_group else 0)  # the minibatch-stddev channel
         if cfg.ff_heads:
-            self.head1 = Conv(c4, 2 * c4, 1, bias=True, mp=mp, centering=cen, init_gain=LRELU_GAIN_R3GAN)
+            self.head1 = Conv(cin, 2 * c4, 1, bias=True, mp=mp, centering=cen, init_gain=LRELU_GAIN_R3GAN)
             self.basis = Conv(2 * c4, 2 * c4, 4, groups=2 * c4 // cfg.group_channels, mp=mp, centering=cen,
                               init_gain=LRELU_GAIN_R3GAN)
             self.head2 = Linear(2 * c4, cfg.embed_dim, mp=mp, centering=cen)
         else:
-            self.basis = Conv(c4, c4, 4, groups=c4, mp=mp, centering=cen)
-            self.head2 = Linear(c4, cfg.embed_dim, mp=mp, centering=cen)
+            self.basis = Conv(cin, cin, 4, groups=cin, mp=mp, centering=cen)
+            self.head2 = Linear(cin, cfg.embed_dim, mp=mp, centering=cen)
         if cfg.shared_class_init:
             self.class_embed = ClassEmbedding(cfg.num_classes, cfg.embed_dim)
         else:
@@ -326,6 +345,8 @@ class Discriminator(nn.Module):
                     x = downsample_free(x, self.widths[i + 1])
                 else:
                     x = self.transitions[i](F.avg_pool2d(x, 2))
+        if cfg.mbstd_group:
+            x = minibatch_stddev(x, cfg.mbstd_group)
         if cfg.ff_heads:
             h = lrelu(self.head1(x), cfg.mp_lrelu)
             h = lrelu(self.basis(h), cfg.mp_lrelu)[:, :, 0, 0]

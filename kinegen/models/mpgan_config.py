@@ -7,6 +7,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
+# GANConfig's fields that only the discriminator reads: a saved generator does not keep them.
+D_ONLY_FIELDS = ("mbstd_group",)
+
 # The MP switches of GANConfig, in order: all True is the MP-GAN, all False the R3GAN baseline.
 MP_SWITCHES = ("weight_norm", "centering", "mp_lrelu", "mp_residual", "ff_heads", "free_transitions",
                "linear_extraction", "shared_class_init")
@@ -36,6 +39,10 @@ class GANConfig:
     free_transitions: bool = True
     linear_extraction: bool = True
     shared_class_init: bool = True
+    # Not an MP switch and D only: the minibatch standard deviation of Karras et al. (ProGAN, ICLR 2018, Sec. 3),
+    # one feature channel over groups of this many images before D's head (StyleGAN2's epilogue); 0 = off
+    # (R3GAN). Training lays batches out so that every group holds one class (docs/gan.md, "Training").
+    mbstd_group: int = 0
 
     def __post_init__(self):
         self.widths = tuple(int(w) for w in self.widths)
@@ -45,6 +52,8 @@ class GANConfig:
         if len(self.widths) != stages:
             raise ValueError(f"widths needs one entry per stage (4x4 .. {self.resolution}x{self.resolution}): "
                              f"{stages}, got {len(self.widths)}")
+        if self.mbstd_group < 0 or self.mbstd_group == 1:
+            raise ValueError(f"mbstd_group is a group size of at least 2 (0 = off), got {self.mbstd_group}")
         if any(2 * w % self.group_channels for w in self.widths):
             raise ValueError("2 x every width must be a multiple of group_channels")
         if self.free_transitions:

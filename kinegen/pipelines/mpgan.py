@@ -20,7 +20,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from diffusers.utils import BaseOutput
 
 from ..models.mpgan import Generator
-from ..models.mpgan_config import GANConfig
+from ..models.mpgan_config import D_ONLY_FIELDS, GANConfig
 
 _NET = GANConfig  # the defaults below are GANConfig's, except the three R3GAN2 switches
 
@@ -43,7 +43,8 @@ class MPGANGenerator(ModelMixin, ConfigMixin):
 
     @classmethod
     def from_gan_config(cls, cfg: GANConfig, class_names: list[str]) -> MPGANGenerator:
-        return cls(**{**dataclasses.asdict(cfg), "widths": list(cfg.widths)}, class_names=list(class_names))
+        kw = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in D_ONLY_FIELDS}
+        return cls(**{**kw, "widths": list(cfg.widths)}, class_names=list(class_names))
 
     def forward(self, z: torch.Tensor, class_labels: torch.Tensor) -> torch.Tensor:
         return self.net(z, class_labels)

@@ -51,8 +51,11 @@ def network_config(cfg: GANTrainConfig, num_classes: int) -> GANConfig:
         if name not in MP_SWITCHES:
             raise ConfigError(f"ablate: unknown switch {name!r}; valid: {', '.join(MP_SWITCHES)}.")
         flags[name] = False
+    if cfg.mbstd_group and cfg.batch_size % cfg.mbstd_group:
+        raise ConfigError(f"--batch-size ({cfg.batch_size}) must be a multiple of --mbstd-group ({cfg.mbstd_group}).")
     try:
-        return GANConfig(resolution=cfg.resolution, num_classes=num_classes, widths=widths, **flags)
+        return GANConfig(resolution=cfg.resolution, num_classes=num_classes, widths=widths,
+                         mbstd_group=cfg.mbstd_group, **flags)
     except ValueError as e:
         raise ConfigError(f"GAN settings: {e}") from None
 
@@ -78,6 +81,12 @@ class ShapesData:
             same = [i for i, (c, s) in enumerate(self._pairs) if c == colour and s != shape]
             out.append(same[int(torch.randint(len(same), (1,), generator=gen))])
         return torch.tensor(out, dtype=labels.dtype)
+
+    def grouped_indices(self, rng: np.random.Generator, n: int, group: int) -> np.ndarray:
+        """``n`` pool indices whose images ``i, i + n/group, ...`` share a class (for D's minibatch stddev)."""
+        k = len(self.classes)
+        labels = np.tile(rng.integers(0, k, n // group), group)
+        return rng.integers(0, self.pool // k, n) * k + labels
 
     def batch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         from ..data.shape_images import batch
@@ -127,6 +136,12 @@ class FolderData:
         self.labels = np.asarray(labels)
         self.classes = [n for n, _ in groups]
         self.pool = len(self.images)
+
+    def grouped_indices(self, rng: np.random.Generator, n: int, group: int) -> np.ndarray:
+        """``n`` indices whose images ``i, i + n/group, ...`` share a class (for D's minibatch stddev)."""
+        first = rng.integers(0, self.pool, n // group)
+        same = [rng.choice(np.flatnonzero(self.labels == self.labels[i]), group - 1) for i in first]
+        return np.concatenate([first[None], np.stack(same).T]).reshape(-1)
 
     def batch(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         idx = indices % self.pool
@@ -220,7 +235,11 @@ def train_gan(run_dir: str | Path, cfg: GANTrainConfig) -> Path:
     box = TimeBox(cfg.steps, cfg.checkpoint_every, cfg.max_minutes)
     while step < cfg.steps:
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-        idx = np.random.default_rng([cfg.seed, step]).integers(0, 2**31 - 1, cfg.batch_size)
+        rng = np.random.default_rng([cfg.seed, step])
+        if net.mbstd_group:  # fakes take the reals' labels, so D's groups hold one class, real or fake
+            idx = data.grouped_indices(rng, cfg.batch_size, net.mbstd_group)
+        else:
+            idx = rng.integers(0, 2**31 - 1, cfg.batch_size)
         real, labels = data.batch(idx)
         c = _cos(step, cfg.steps)
         lr, gamma, beta2 = lr0 * (0.1 + 0.9 * c), cfg.gamma * (0.1 + 0.9 * c), 0.99 - 0.09 * c
