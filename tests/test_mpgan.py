@@ -21,6 +21,7 @@ from kinegen.models.mpgan import (
     renormalize_,
     upsample_free,
 )
+from kinegen.models.mpgan_config import MP_SWITCHES
 
 SMALL = dict(resolution=16, widths=(64, 64, 32), num_classes=4)
 
@@ -292,6 +293,36 @@ def test_gan_training_with_the_label_matching_term_logs_both_class_losses(tmp_pa
     train_gan(d_only, _tiny_train(class_weight=1.0, g_class_share=0.0))
     last = json.loads((d_only / "log.jsonl").read_text().splitlines()[-1])
     assert "d_cls" in last and "g_cls" not in last
+
+
+@pytest.mark.parametrize("mp", [True, False])
+def test_label_matching_logits_come_from_the_projection_or_a_head_of_their_own(mp):
+    x, y = torch.randn(4, 3, 16, 16), torch.tensor([0, 1, 2, 3])
+    base = SMALL if mp else {**SMALL, **dict.fromkeys(MP_SWITCHES, False)}
+    torch.manual_seed(0)
+    d = Discriminator(GANConfig(**base))
+    own, every = d.logits_for_label_matching(x, y)
+    assert torch.allclose(own, d(x, y), atol=1e-5) and torch.allclose(every, d.class_logits(x), atol=1e-5)
+    torch.manual_seed(0)
+    d = Discriminator(GANConfig(**base, separate_class_head=True))
+    own, every = d.logits_for_label_matching(x, y)
+    assert torch.allclose(own, d(x, y), atol=1e-5) and every.shape == (4, 4)
+    assert not torch.allclose(every, d.class_logits(x), atol=1e-3)  # not the projection
+    every.sum().backward()
+    assert d.class_head.weight.grad is not None and d.class_embed.weight.grad is None
+
+
+def test_gan_training_with_a_separate_class_head(tmp_path):
+    import json
+
+    from kinegen.errors import ConfigError
+    from kinegen.training.gan import train_gan
+
+    out = train_gan(tmp_path / "run", _tiny_train(class_weight=1.0, g_class_share=0.0, separate_class_head=True))
+    last = json.loads((tmp_path / "run" / "log.jsonl").read_text().splitlines()[-1])
+    assert last["d_cls"] > 0 and (out / "model_index.json").is_file()
+    with pytest.raises(ConfigError, match="set --class-weight"):
+        train_gan(tmp_path / "r2", _tiny_train(separate_class_head=True))
 
 
 def test_diversity_term_is_the_bounded_image_to_latent_distance_ratio():

@@ -322,11 +322,14 @@ class Discriminator(nn.Module):
         else:
             self.class_embed = Linear(cfg.num_classes, cfg.embed_dim, mp=mp, centering=False,
                                       init_gain=1 / math.sqrt(cfg.embed_dim) * math.sqrt(cfg.num_classes))
+        pooled_dim = 2 * c4 if cfg.ff_heads else cin
+        self.class_head = Linear(pooled_dim, cfg.num_classes, bias=True, mp=mp, centering=False) \
+            if cfg.separate_class_head else None
         self.magnitudes: list[float] = []
         self.track_magnitudes = False
 
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        """The image's embedding ``h`` ``[N, embed_dim]``: the trunk, the head and the last linear layer."""
+    def pooled(self, x: torch.Tensor) -> torch.Tensor:
+        """The trunk and the head up to the 4x4 basis: one vector per image, the input of the last linear layer."""
         cfg = self.cfg
         mags = []
         x = self.from_rgb(x)
@@ -354,7 +357,29 @@ class Discriminator(nn.Module):
             h = self.basis(x)[:, :, 0, 0]
         if self.track_magnitudes:
             self.magnitudes = mags
-        return self.head2(h)
+        return h
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The image's embedding ``h`` ``[N, embed_dim]``: :meth:`pooled` and the last linear layer."""
+        return self.head2(self.pooled(x))
+
+    def project(self, h: torch.Tensor, class_labels: torch.Tensor) -> torch.Tensor:
+        """``D(x, y) = h . e_y / sqrt(dim)`` from the embedding ``h``."""
+        e = self.class_table().to(h.dtype)[class_labels]
+        return (h * e).sum(1) / math.sqrt(self.cfg.embed_dim)
+
+    def logits_for_label_matching(self, x: torch.Tensor, class_labels: torch.Tensor):
+        """``(D(x, y), logits [N, num_classes])`` in one forward: the logits the label-matching term trains.
+
+        The projection logits under every class (:meth:`class_logits`), or with ``separate_class_head`` a
+        linear classifier of its own on :meth:`pooled`, which leaves the projection to the adversarial loss.
+        """
+        p = self.pooled(x)
+        h = self.head2(p)
+        if self.class_head is not None:
+            return self.project(h, class_labels), self.class_head(p)
+        every = h @ self.class_table().to(h.dtype).T / math.sqrt(self.cfg.embed_dim)
+        return every.gather(1, class_labels[:, None])[:, 0], every
 
     def class_table(self) -> torch.Tensor:
         """Every class's embedding ``e_c``, ``[num_classes, embed_dim]``."""
@@ -373,9 +398,7 @@ class Discriminator(nn.Module):
 
     def forward(self, x: torch.Tensor, class_labels: torch.Tensor) -> torch.Tensor:
         """The projection logit ``D(x, y)`` of each image under its own label, ``[N]``."""
-        h = self.features(x)
-        e = self.class_table().to(h.dtype)[class_labels]
-        return (h * e).sum(1) / math.sqrt(self.cfg.embed_dim)
+        return self.project(self.features(x), class_labels)
 
 
 def renormalize_(module: nn.Module) -> None:

@@ -8,7 +8,7 @@ import dataclasses
 import math
 
 # GANConfig's fields that only the discriminator reads: a saved generator does not keep them.
-D_ONLY_FIELDS = ("mbstd_group",)
+D_ONLY_FIELDS = ("mbstd_group", "separate_class_head")
 
 # The MP switches of GANConfig, in order: all True is the MP-GAN, all False the R3GAN baseline.
 MP_SWITCHES = ("weight_norm", "centering", "mp_lrelu", "mp_residual", "ff_heads", "free_transitions",
@@ -43,6 +43,9 @@ class GANConfig:
     # one feature channel over groups of this many images before D's head (StyleGAN2's epilogue); 0 = off
     # (R3GAN). Training lays batches out so that every group holds one class (docs/gan.md, "Training").
     mbstd_group: int = 0
+    # D only: the label-matching term (``--class-weight``) trains a linear classifier of its own on D's pooled
+    # features instead of the projection logits, so the projection is left to the adversarial loss.
+    separate_class_head: bool = False
 
     def __post_init__(self):
         self.widths = tuple(int(w) for w in self.widths)

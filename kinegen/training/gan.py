@@ -51,11 +51,13 @@ def network_config(cfg: GANTrainConfig, num_classes: int) -> GANConfig:
         if name not in MP_SWITCHES:
             raise ConfigError(f"ablate: unknown switch {name!r}; valid: {', '.join(MP_SWITCHES)}.")
         flags[name] = False
+    if cfg.separate_class_head and not cfg.class_weight:
+        raise ConfigError("--separate-class-head is the label-matching term's classifier: set --class-weight too.")
     if cfg.mbstd_group and cfg.batch_size % cfg.mbstd_group:
         raise ConfigError(f"--batch-size ({cfg.batch_size}) must be a multiple of --mbstd-group ({cfg.mbstd_group}).")
     try:
         return GANConfig(resolution=cfg.resolution, num_classes=num_classes, widths=widths,
-                         mbstd_group=cfg.mbstd_group, **flags)
+                         mbstd_group=cfg.mbstd_group, separate_class_head=cfg.separate_class_head, **flags)
     except ValueError as e:
         raise ConfigError(f"GAN settings: {e}") from None
 

@@ -42,8 +42,7 @@ def _logits(d, x: torch.Tensor, labels: torch.Tensor, class_weight: float):
     """``D(x, y)`` and, when the label-matching term is on, the logits under every class (else None)."""
     if not class_weight:
         return d(x, labels), None
-    every = d.class_logits(x)
-    return every.gather(1, labels[:, None])[:, 0], every
+    return d.logits_for_label_matching(x, labels)
 
 
 def discriminator_loss(d, real: torch.Tensor, fake: torch.Tensor, labels: torch.Tensor, gamma: float,
