@@ -263,6 +263,10 @@ def test_gan_training_resumes_and_exports_a_post_hoc_ema(tmp_path):
     from kinegen.training.gan import train_gan
 
     out = train_gan(tmp_path / "run", _tiny_train())
+    meta_path = tmp_path / "run" / "run.json"  # a run begun before D's newer fields existed still resumes
+    meta = json.loads(meta_path.read_text())
+    del meta["network"]["mbstd_group"], meta["network"]["separate_class_head"]
+    meta_path.write_text(json.dumps(meta))
     out = train_gan(tmp_path / "run", _tiny_train(steps=3))
     logs = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert logs[-1]["step"] == 3 and "mag_0" in logs[-1] and logs[-1]["r1"] > 0  # resumed, not restarted

@@ -198,8 +198,8 @@ def train_gan(run_dir: str | Path, cfg: GANTrainConfig) -> Path:
     meta = {"train": dataclasses.asdict(cfg), "network": dataclasses.asdict(net), "classes": data.classes}
     meta_path = run_dir / "run.json"
     if meta_path.is_file():
-        old = json.loads(meta_path.read_text())
-        if old["network"] != json.loads(json.dumps(meta["network"])):
+        # fields added since the run began take their defaults, as when the run was made
+        if load_run_config(run_dir) != net:
             raise ConfigError(f"{run_dir} holds a run with another network configuration; use a new --run folder.")
     else:
         meta_path.write_text(json.dumps(meta, indent=2))
