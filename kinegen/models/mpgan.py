@@ -296,7 +296,6 @@ def minibatch_stddev(x: torch.Tensor, group: int) -> torch.Tensor:
     return torch.cat([x, sd.to(x.dtype).repeat(g).view(n, 1, 1, 1).expand(n, 1, h, w)], dim=1)
 
 
-
 class Discriminator(nn.Module):
     """Projection discriminator mirroring the generator; ``magnitudes`` holds per-stage activation RMS."""
 
