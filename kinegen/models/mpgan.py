@@ -377,8 +377,12 @@ class Discriminator(nn.Module):
         h = self.head2(p)
         if self.class_head is not None:
             return self.project(h, class_labels), self.class_head(p)
-        every = h @ self.class_table().to(h.dtype).T / math.sqrt(self.cfg.embed_dim)
+        every = self.project_all(h)
         return every.gather(1, class_labels[:, None])[:, 0], every
+
+    def project_all(self, h: torch.Tensor) -> torch.Tensor:
+        """``h . e_c / sqrt(dim)`` under every class ``c``, ``[N, num_classes]``."""
+        return h @ self.class_table().to(h.dtype).T / math.sqrt(self.cfg.embed_dim)
 
     def class_table(self) -> torch.Tensor:
         """Every class's embedding ``e_c``, ``[num_classes, embed_dim]``."""
@@ -392,8 +396,7 @@ class Discriminator(nn.Module):
         """The projection logit under every class, ``[N, num_classes]``: ``D(x, c) = h(x) . e_c / sqrt(dim)``
         (Miyato & Koyama 2018, without the unconditional term, as in R3GAN). Read as a classifier's logits,
         they are what the label-matching term of ``kinegen train gan --class-weight`` trains (Han et al. 2021)."""
-        h = self.features(x)
-        return h @ self.class_table().to(h.dtype).T / math.sqrt(self.cfg.embed_dim)
+        return self.project_all(self.features(x))
 
     def forward(self, x: torch.Tensor, class_labels: torch.Tensor) -> torch.Tensor:
         """The projection logit ``D(x, y)`` of each image under its own label, ``[N]``."""
