@@ -9,20 +9,25 @@ A discriminator that learns shapes slowly as a classifier cannot teach them quic
 image, kept on the sphere of radius sqrt(z_dim), L1 to the image), beside a plain convolutional decoder
 (nearest upsampling, dense 3x3 convolutions, GroupNorm, SiLU); every 200 steps the L1 error and how often the
 evaluation classifier sees the right class in the fits. A generator that cannot reproduce a shape it is shown
-pixel by pixel will not draw it from a discriminator's gradient either.
+pixel by pixel will not draw it from a discriminator's gradient either. ``--texture checkered`` (or striped,
+noisy, plain) fits only images of that background texture and reports how often the fits' backgrounds read as it
+(:mod:`kinegen.evaluation.gan_backgrounds`): can G place a pattern fixed to the pixel grid?
 
     .venv/bin/python benchmarks/gan_capacity.py classify mp:3e-3 r3gan:6e-4 reference:1e-3 --steps 400
     .venv/bin/python benchmarks/gan_capacity.py fit mp:3e-3 mp-alpha0.5:3e-3 r3gan:6e-4 plain:1e-3 --steps 800
+    .venv/bin/python benchmarks/gan_capacity.py fit r3gan:6e-4 r3gan-pe8:6e-4 --texture checkered --steps 800
 
 Network names: ``mp`` (the MP-GAN's default networks), ``r3gan`` (the baseline at 192,176,144,96, its equal-
 parameter width), ``mp-alpha<a>`` (MP with every residual gain starting at ``a`` instead of 0), ``mp-no-<switch>``
-(one MP switch off), ``reference`` (classify: the evaluation classifier's architecture) and ``plain`` (fit: the
-plain decoder). Single-threaded; batch 32; Adam with beta1 0 for the GAN networks (as in training), 0.9 otherwise.
+(one MP switch off), ``r3gan-pe<C>`` and ``mp-pe<C>`` (G with ``C`` channels of positional maps), ``reference``
+(classify: the evaluation classifier's architecture) and ``plain`` (fit: the plain decoder). Single-threaded;
+batch 32; Adam with beta1 0 for the GAN networks (as in training), 0.9 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import time
@@ -32,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kinegen.data.shapes import TEXTURES
+from kinegen.evaluation.gan_backgrounds import read_background
 from kinegen.evaluation.gan_metrics import load_classifier, reference_images
 from kinegen.models.gan_classifier import FeatureClassifier
 from kinegen.models.mpgan import Discriminator, Generator, renormalize_
@@ -46,10 +53,13 @@ def gan_config(name: str) -> GANConfig:
         return GANConfig()
     if name == "r3gan":
         return GANConfig.baseline(widths=R3GAN_WIDTHS)
+    if name.startswith(("r3gan-pe", "mp-pe")) and name.rpartition("-pe")[2].isdigit():
+        base = gan_config(name.rpartition("-pe")[0])
+        return dataclasses.replace(base, positional_channels=int(name.rpartition("-pe")[2]))
     if name.startswith("mp-no-") and name[6:] in MP_SWITCHES:
         return GANConfig(**{name[6:]: False})
     raise SystemExit(f"unknown network {name!r}: mp, r3gan, mp-alpha<a>, mp-no-<{'|'.join(MP_SWITCHES)}>, "
-                     "reference (classify) or plain (fit)")
+                     "r3gan-pe<C>, mp-pe<C>, reference (classify) or plain (fit)")
 
 
 def start_residual_gains(net: nn.Module, name: str) -> None:
@@ -114,7 +124,26 @@ def classify(name: str, lr: float, steps: int) -> list[dict]:
     return rows
 
 
-def fit(name: str, lr: float, steps: int, n: int = 512) -> list[dict]:
+def training_images(n: int, texture: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``n`` training images of the pool, or the first ``n`` whose background has ``texture``."""
+    data = ShapesData(32, 20000)
+    if texture is None:
+        return data.batch(np.arange(n))
+    keep, i = [], 0
+    while len(keep) < n:
+        x, _ = data.batch(np.arange(i, i + 256))
+        pixels = ((x.permute(0, 2, 3, 1) + 1) * 127.5).round().numpy()
+        keep += [i + j for j, img in enumerate(pixels) if read_background(img)[1] == texture]
+        i += 256
+    return data.batch(np.array(keep[:n]))
+
+
+def texture_share(images: torch.Tensor, texture: str) -> float:
+    pixels = ((images.clamp(-1, 1).permute(0, 2, 3, 1) + 1) * 127.5).round().numpy()
+    return float(np.mean([read_background(img)[1] == texture for img in pixels]))
+
+
+def fit(name: str, lr: float, steps: int, n: int = 512, texture: str | None = None) -> list[dict]:
     torch.manual_seed(0)
     if name == "plain":
         g, gan, z_dim = PlainDecoder(), False, 64
@@ -122,7 +151,7 @@ def fit(name: str, lr: float, steps: int, n: int = 512) -> list[dict]:
         cfg = gan_config(name)
         g, gan, z_dim = Generator(cfg), True, cfg.z_dim
         start_residual_gains(g, name)
-    x, y = ShapesData(32, 20000).batch(np.arange(n))
+    x, y = training_images(n, texture)
     z = nn.Parameter(torch.randn(n, z_dim))
     opt = torch.optim.Adam([*g.parameters(), z], lr=lr, betas=(0.0 if gan else 0.9, 0.99))
     clf = load_classifier()
@@ -138,6 +167,8 @@ def fit(name: str, lr: float, steps: int, n: int = 512) -> list[dict]:
             rows.append({"probe": "fit", "network": name, "lr": lr, "step": step,
                          "l1": round(float((out - x).abs().mean()), 4), "class_accuracy_of_fits": round(acc, 3),
                          "mean_residual_gain_per_stage": gains, "seconds": round(time.time() - t0)})
+            if texture:
+                rows[-1].update(texture=texture, texture_read_share=round(texture_share(out, texture), 3))
             print(json.dumps(rows[-1]), flush=True)
         if step == steps:
             break
@@ -158,12 +189,16 @@ def main() -> None:
     ap.add_argument("probe", choices=["classify", "fit"])
     ap.add_argument("networks", nargs="+", help="NAME:LR, e.g. mp:3e-3 r3gan:6e-4")
     ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--texture", choices=TEXTURES, help="fit: only images with this background texture")
     ap.add_argument("-o", "--output", help="append the rows to this JSON-lines file")
     args = ap.parse_args()
     torch.set_num_threads(1)
     for spec in args.networks:
         name, _, lr = spec.partition(":")
-        rows = (classify if args.probe == "classify" else fit)(name, float(lr or 3e-3), args.steps)
+        if args.probe == "classify":
+            rows = classify(name, float(lr or 3e-3), args.steps)
+        else:
+            rows = fit(name, float(lr or 3e-3), args.steps, texture=args.texture)
         if args.output:
             with open(args.output, "a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in rows)

@@ -6,7 +6,7 @@
 #
 # Resumable: run it again and every unfinished run continues from RUN/checkpoint (finished runs are skipped).
 # Each run is single-threaded so that two run side by side on a 2-core machine.
-# Usage: benchmarks/run_gan_long.sh [RUN_NAME ...]    (default: every run, two at a time)
+# Usage: benchmarks/run_gan_long.sh [RUN_NAME ...]    (default: the six runs of the comparison, two at a time)
 #        MAX_MINUTES=100 benchmarks/run_gan_long.sh mp-s0 r3gan-s0    (stop cleanly after 100 minutes)
 # Results: benchmarks/results/gan_long/ (NAME.json: kinegen eval gan on 1,200 images; NAME.eval.jsonl; NAME.log.jsonl)
 set -euo pipefail
@@ -18,11 +18,13 @@ mkdir -p "$RUNS" "$OUT"
 export OMP_NUM_THREADS=1
 COMMON=(--steps 5000 --eval-every 250 --eval-images 600 --snapshot-every 1000 --checkpoint-every 250)
 [ -n "${MAX_MINUTES:-}" ] && COMMON+=(--max-minutes "$MAX_MINUTES")
-flags() {  # the settings of a run name: mp-sN or r3gan-sN
+flags() {  # the settings of a run name: mp-sN or r3gan-sN; mp-peC-sN or r3gan-peC-sN add G's C-channel
+  local pe=""  # positional maps (--positional-channels C; benchmarks/gan.md, "Backgrounds")
+  case $1 in *-pe*-s*) pe=${1#*-pe}; pe="--positional-channels ${pe%%-s*}" ;; esac
   case $1 in
-    mp-s*) echo --variant mp --seed "${1#mp-s}" ;;                                          # lr 3e-3 (its default)
-    r3gan-s*) echo --variant r3gan --widths 192,176,144,96 --lr 0.0006 --seed "${1#r3gan-s}" ;;  # its better rate
-    *) echo "unknown run $1 (mp-sN or r3gan-sN)" >&2; return 1 ;;
+    mp-s* | mp-pe*-s*) echo --variant mp --seed "${1##*-s}" $pe ;;                                # lr 3e-3 (its default)
+    r3gan-s* | r3gan-pe*-s*) echo --variant r3gan --widths 192,176,144,96 --lr 0.0006 --seed "${1##*-s}" $pe ;;
+    *) echo "unknown run $1 (mp-sN, r3gan-sN, mp-peC-sN or r3gan-peC-sN)" >&2; return 1 ;;
   esac
 }
 run() {

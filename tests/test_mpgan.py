@@ -125,11 +125,39 @@ def test_generators_saved_before_the_r3gan2_switches_load_as_built(tmp_path):
     torch.testing.assert_close(again(z, c), gen(z, c))
 
 
+@pytest.mark.parametrize("mp", [True, False])
+def test_positional_maps_start_as_a_no_op_then_place_what_g_draws(mp):
+    kw = {**SMALL, "positional_channels": 4}
+    cfg, plain_cfg = (GANConfig(**kw), GANConfig(**SMALL)) if mp else (GANConfig.baseline(**kw),
+                                                                       GANConfig.baseline(**SMALL))
+    torch.manual_seed(0)
+    g, plain = Generator(cfg), Generator(plain_cfg)
+    assert [m.map.shape for m in g.positional] == [(4, 8, 8), (4, 16, 16)]  # every stage from 8x8 up
+    missing = plain.load_state_dict(g.state_dict(), strict=False)
+    assert missing.missing_keys == [] and all(k.startswith("positional.") for k in missing.unexpected_keys)
+    z, c = torch.randn(3, cfg.z_dim), torch.tensor([0, 1, 2])
+    torch.testing.assert_close(g(z, c), plain(z, c))  # a no-op at the start, in both forms
+    g(z, c).square().mean().backward()
+    learns = g.positional[0].gain_logit if mp else g.positional[0].proj.weight
+    assert learns.grad.abs().sum() > 0
+    with torch.no_grad():  # once learned, the same features drawn at another place come out differently
+        for m in g.positional:
+            (m.gain_logit if mp else m.proj.weight).normal_()
+        assert (g(z, c) - plain(z, c)).abs().max() > 1e-2
+    gen_cfg = dict(resolution=16, num_classes=4, widths=[64, 64, 32], positional_channels=4)
+    from kinegen.pipelines.mpgan import MPGANGenerator
+
+    assert len(MPGANGenerator(**gen_cfg).net.positional) == 2
+    assert len(MPGANGenerator(**{**gen_cfg, "positional_channels": 0}).net.positional) == 0
+
+
 def test_bad_configs_are_refused():
     with pytest.raises(ValueError, match="power of two"):
         GANConfig(resolution=24)
     with pytest.raises(ValueError, match="one entry per stage"):
         GANConfig(resolution=32, widths=(64, 64))
+    with pytest.raises(ValueError, match="positional_channels"):
+        GANConfig(positional_channels=-1)
 
 
 def test_post_hoc_ema_reconstructs_an_untracked_profile():
@@ -411,6 +439,17 @@ def test_gan_training_with_minibatch_stddev_groups_each_class_and_exports_a_gene
         train_gan(tmp_path / "r2", _tiny_train(mbstd_group=3, batch_size=8))
     with pytest.raises(ConfigError, match="at least 2"):
         train_gan(tmp_path / "r3", _tiny_train(mbstd_group=1, batch_size=8))
+
+
+def test_gan_training_with_positional_maps_saves_them_with_the_generator(tmp_path):
+    from kinegen.pipelines import MPGANPipeline
+    from kinegen.training.gan import train_gan
+
+    out = train_gan(tmp_path / "run", _tiny_train(variant="r3gan", positional_channels=4))
+    pipe = MPGANPipeline.from_pretrained(out)
+    assert pipe.gan.config.positional_channels == 4 and len(pipe.gan.net.positional) == 2
+    assert pipe.gan.net.positional[0].proj.weight.abs().sum() > 0  # trained away from its zero start
+    assert pipe(class_labels=[0, 1], output_type="pt").images.shape == (2, 3, 16, 16)
 
 
 def test_discriminator_class_margins_start_at_zero_with_shared_class_embeddings():

@@ -27,6 +27,9 @@ a projection discriminator. The magnitude-preserving (MP) changes follow EDM2 (K
   (:class:`ClassEmbedding`) that start as the same vector, so G and D start unconditional and
   learn the classes apart (R3GAN's successor), instead of a linear layer on one-hot labels.
 
+Not an MP switch: ``positional_channels`` gives G a learned positional map at every stage from 8x8 up
+(:class:`PositionalMap`), off by default.
+
 All switches off is the R3GAN baseline; all on is the MP-GAN. ``D.magnitudes`` records the RMS of
 the discriminator's activations per stage (the diagnostic of docs/gan.md).
 """
@@ -216,6 +219,32 @@ def downsample_free(x: torch.Tensor, cout: int) -> torch.Tensor:
 # ---------------------------------------------------------------------------- generator
 
 
+class PositionalMap(nn.Module):
+    """A learned positional encoding ``P [C, r, r]`` added to G's trunk at one resolution through a 1x1
+    projection: ``x + g * W P`` (Xu et al., CVPR 2021: an explicit positional encoding at every scale;
+    adding ``W P`` is concatenating ``P`` to the features before the next linear layer).
+
+    A translation-equivariant G (bilinear or binomial resampling, 3x3 convolutions) knows where it draws only
+    near the borders, through the zero padding; a pattern fixed to the pixel grid needs ``P``. It starts as a
+    no-op: R3GAN form ``W = 0`` (``g = 1``); MP form, whose normalised ``W`` cannot be 0, a per-channel
+    ``g = tanh(v)`` with ``v = 0``, the trunk's variance then tracked as in :class:`ResidualBlock`.
+    """
+
+    def __init__(self, channels: int, resolution: int, width: int, cfg: GANConfig):
+        super().__init__()
+        self.map = nn.Parameter(torch.randn(channels, resolution, resolution))
+        self.proj = Conv(channels, width, 1, mp=cfg.weight_norm, centering=cfg.centering, zero_init=True)
+        self.gain_logit = nn.Parameter(torch.zeros(width)) if cfg.weight_norm else None
+
+    def forward(self, x: torch.Tensor, var: float | torch.Tensor) -> tuple[torch.Tensor, float | torch.Tensor]:
+        p = self.proj(self.map[None].to(x.dtype))
+        if self.gain_logit is None:
+            return x + p, var
+        gain = torch.tanh(self.gain_logit)
+        return x + gain.view(1, -1, 1, 1) * p, var + gain.detach() ** 2
+
+
+
 class Generator(nn.Module):
     """Class-conditional generator: z and a class embedding -> 4x4 features -> stages -> RGB."""
 
@@ -237,6 +266,9 @@ class Generator(nn.Module):
             self.const = nn.Parameter(torch.randn(c0, 4, 4))
             self.modulation = Linear(cond, c0, bias=True, mp=mp, centering=cen)
         self.stages, self.transitions = _stages(cfg.widths, cfg)
+        # one positional map per stage from 8x8 up (stage i is 4 * 2^i pixels wide); none when off
+        self.positional = nn.ModuleList(PositionalMap(cfg.positional_channels, 4 * 2**i, c, cfg)
+                                        for i, c in enumerate(cfg.widths) if i and cfg.positional_channels)
         self.to_rgb = Conv(cfg.widths[-1], 3, 1, bias=True, mp=mp, centering=False)
         # A learned output gain, initialised to 1 as in R3GAN's successor. (EDM2's denoiser starts its
         # output gain at 0; here that gain was still +-0.05 after 1,000 steps and G had grown its last
@@ -261,6 +293,8 @@ class Generator(nn.Module):
             x = self.const[None] * self.modulation(cond)[:, :, None, None]
         var: float | torch.Tensor = 1.0
         for i, blocks in enumerate(self.stages):
+            if i and self.cfg.positional_channels:
+                x, var = self.positional[i - 1](x, var)
             for block in blocks:
                 x, var = block(x, var)
             if i + 1 < len(self.stages):

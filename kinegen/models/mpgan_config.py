@@ -46,6 +46,11 @@ class GANConfig:
     # D only: the label-matching term (``--class-weight``) trains a linear classifier of its own on D's pooled
     # features instead of the projection logits, so the projection is left to the adversarial loss.
     separate_class_head: bool = False
+    # G only, not an MP switch: channels of a learned positional map added at every stage from 8x8 up
+    # (:class:`PositionalMap`; Xu et al., "Positional Encoding as Spatial Inductive Bias in GANs", CVPR 2021).
+    # The shapes data's checkered and striped backgrounds are fixed to the pixel grid, which G cannot place
+    # without knowing where it draws (benchmarks/gan.md, "Backgrounds"). 0 = off (R3GAN).
+    positional_channels: int = 0
 
     def __post_init__(self):
         self.widths = tuple(int(w) for w in self.widths)
@@ -57,6 +62,8 @@ class GANConfig:
                              f"{stages}, got {len(self.widths)}")
         if self.mbstd_group < 0 or self.mbstd_group == 1:
             raise ValueError(f"mbstd_group is a group size of at least 2 (0 = off), got {self.mbstd_group}")
+        if self.positional_channels < 0:
+            raise ValueError(f"positional_channels is a number of channels (0 = off), got {self.positional_channels}")
         if any(2 * w % self.group_channels for w in self.widths):
             raise ValueError("2 x every width must be a multiple of group_channels")
         if self.free_transitions:

@@ -34,7 +34,8 @@ class MPGANGenerator(ModelMixin, ConfigMixin):
                  group_channels: int = _NET.group_channels, z_dim: int = _NET.z_dim, embed_dim: int = _NET.embed_dim,
                  weight_norm: bool = _NET.weight_norm, centering: bool = _NET.centering, mp_lrelu: bool = _NET.mp_lrelu,
                  mp_residual: bool = _NET.mp_residual, ff_heads: bool = _NET.ff_heads, free_transitions: bool = False,
-                 linear_extraction: bool = False, shared_class_init: bool = False, class_names: list | None = None):
+                 linear_extraction: bool = False, shared_class_init: bool = False,
+                 positional_channels: int = 0, class_names: list | None = None):
         # The three R3GAN2 switches default to off here so that generators saved before they existed
         # (their config.json lacks them) load as they were built; new ones save them explicitly.
         super().__init__()

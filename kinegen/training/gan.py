@@ -57,7 +57,8 @@ def network_config(cfg: GANTrainConfig, num_classes: int) -> GANConfig:
         raise ConfigError(f"--batch-size ({cfg.batch_size}) must be a multiple of --mbstd-group ({cfg.mbstd_group}).")
     try:
         return GANConfig(resolution=cfg.resolution, num_classes=num_classes, widths=widths,
-                         mbstd_group=cfg.mbstd_group, separate_class_head=cfg.separate_class_head, **flags)
+                         mbstd_group=cfg.mbstd_group, separate_class_head=cfg.separate_class_head,
+                         positional_channels=cfg.positional_channels, **flags)
     except ValueError as e:
         raise ConfigError(f"GAN settings: {e}") from None
 
