@@ -60,6 +60,32 @@ def test_cached_chunks_equal_one_block_causal_forward(wan):
 
 
 @torch.no_grad()
+def test_an_interpolated_rope_runs_chunk_by_chunk_only_at_its_reference_size(wan):
+    """Chunk by chunk the frames take Wan's integer positions; a transformer with position interpolation (a
+    multi-resolution model's kinegen_rope.json) is right that way only at its training grid, so elsewhere it refuses."""
+    import copy
+
+    from kinegen.models.rope import install_position_interpolation
+
+    tr = copy.deepcopy(wan.transformer)
+    x, text, t = _inputs(tr)  # 8x8 latents with patch 2: a 4x4 grid of tokens per frame
+    plain = make_causal(tr)
+    plain.frame_offset = 0
+    want = tr(x[:, :, :2], t, text, return_dict=False)[0]
+    plain.remove()
+    rope = install_position_interpolation(tr, (6, 4, 4))
+    state = make_causal(tr)
+    try:
+        state.frame_offset = 0
+        assert torch.equal(tr(x[:, :, :2], t, text, return_dict=False)[0], want)
+        rope.reference_grid = (6, 8, 8)  # a model trained at twice this size
+        with pytest.raises(ConfigError, match=r"interpolation \(kinegen_rope.json\) at 8x8 .* this input is 4x4"):
+            tr(x[:, :, :2], t, text, return_dict=False)
+    finally:
+        state.remove()
+
+
+@torch.no_grad()
 def test_training_in_the_cache_layout_is_what_the_rolling_cache_computes(wan):
     """Diffusion forcing in the cache's layout (a sink at position 0, then frames from later in the video at their
     own positions) gives the rows the cached path gives when a rolling window has dropped the frames in between;

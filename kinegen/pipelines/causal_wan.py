@@ -250,6 +250,12 @@ class _OffsetRope(nn.Module):
         _, _, f, h, w = hidden_states.shape
         _, p_h, p_w = self.inner.patch_size
         self.state.tokens_per_frame = (h // p_h) * (w // p_w)  # read by the processors of this forward
+        reference = getattr(self.inner, "reference_grid", None)  # InterpolatedWanRoPE (kinegen.models.rope)
+        if reference is not None and (h // p_h, w // p_w) != tuple(reference[1:]):
+            raise ConfigError(f"this transformer was trained with position interpolation (kinegen_rope.json) at "
+                              f"{reference[1]}x{reference[2]} latent tokens per frame; chunk-by-chunk generation uses "
+                              f"Wan's integer positions, which equal the interpolated ones only at that size, and "
+                              f"this input is {h // p_h}x{w // p_w}. Generate at the size the model was trained at.")
         if self.state.frame_positions is not None:
             if tuple(self.state.frame_positions.shape) != (hidden_states.shape[0], f):
                 raise ConfigError(f"frame_positions has shape {tuple(self.state.frame_positions.shape)}; the input "
