@@ -1,7 +1,8 @@
 """Curves and a table from benchmarks/run_gan_long.sh (and any other run under runs/gan-long).
 
 Reads each run's ``eval.jsonl`` (class accuracy, FD, KID, precision, recall of its EMA every 250 steps, 600
-images; the backgrounds' total variation to the data's in lines from 2026-12-03 18:00 on) and ``log.jsonl`` (how
+images; the backgrounds' total variation to the data's in lines from 2026-12-03 18:00 on, the share of each texture from
+2026-12-04 on) and ``log.jsonl`` (how
 often D prefers an image's true class to another class, or to another shape of the same colour; logged every 50
 steps as moving averages; lines before 2026-12-03 12:45 have the margins only), from ``runs/gan-long/NAME/``
 when the run is here, else from the copies in ``benchmarks/results/gan_long/``. A resumed run may log a step
@@ -51,17 +52,19 @@ def main() -> None:
 
     runs = {n: (read(n, "eval"), read(n, "log")) for n in names()}
     print("| run | step | images | class accuracy | modes | FD | KID | precision | recall | backgrounds TV "
-          "| D prefers true: class / shape (training batch) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| textures: plain / checkered / striped / noisy | D prefers true: class / shape (training batch) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n, (ev, log) in runs.items():
         if not ev:
             continue
         e = ev[-1]
         near = min(log, key=lambda r: abs(r["step"] - e["step"])) if log else {}
         bg = f"{e['background_pair_tv']:.2f}" if "background_pair_tv" in e else "-"
+        tex = e.get("fake_textures")  # logged from 2026-12-04 on
+        tex = " / ".join(f"{tex.get(t, 0):.0%}" for t in ("plain", "checkered", "striped", "noisy")) if tex else "-"
         print(f"| {n} | {e['step']} | {e['step'] * 32 / 1000:.0f}k | {e['class_accuracy']:.1%} | {e['modes_covered']} "
               f"| {e['fd']:.1f} | {e['kid']:.2f} | {e['precision']:.2f} | {e['recall']:.2f} "
-              f"| {bg} "
+              f"| {bg} | {tex} "
               f"| {near.get('d_win_class', float('nan')):.2f} / {near.get('d_win_shape', float('nan')):.2f} |")
     fig, axes = plt.subplots(3, 3, figsize=(13, 10))
     panels = EVAL_KEYS + MARGINS

@@ -484,6 +484,8 @@ def test_gan_training_evaluates_its_ema_against_held_out_images(tmp_path):
     assert [r["step"] for r in rows] == [1, 2] and rows[0]["ema_sigma_rel"] == 0.10
     for r in rows:
         assert 0 <= r["class_accuracy"] <= 1 and r["fd"] > 0 and 0 <= r["modes_covered"] <= 12
+        assert set(r["fake_textures"]) == {"plain", "checkered", "striped", "noisy", "other"}
+        assert sum(r["fake_textures"].values()) == pytest.approx(1.0)
     assert rows[0]["class_accuracy"] < 0.5  # two steps of training draw no class
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert {"d_margin_shape", "d_margin_class", "d_win_shape", "d_win_class"} <= set(log[-1])

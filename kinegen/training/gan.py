@@ -377,7 +377,8 @@ class TrainingEval:
 
     def __call__(self, g, step: int) -> dict:
         m = self.measure(g)
-        row = {"step": step, "ema_sigma_rel": self.sigma, **{k: m[k] for k in EVAL_FIELDS}}
+        row = {"step": step, "ema_sigma_rel": self.sigma, **{k: m[k] for k in EVAL_FIELDS},
+               "fake_textures": m["backgrounds"]["fake"]["textures"]}  # share of each texture, and "other"
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
         print(f"eval at step {step}: class accuracy {m['class_accuracy']:.3f}, modes {m['modes_covered']}, "
