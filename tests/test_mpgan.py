@@ -452,6 +452,29 @@ def test_gan_training_with_positional_maps_saves_them_with_the_generator(tmp_pat
     assert pipe(class_labels=[0, 1], output_type="pt").images.shape == (2, 3, 16, 16)
 
 
+def test_gan_training_starts_from_another_runs_networks_and_may_add_positional_maps(tmp_path):
+    from safetensors.torch import load_file
+
+    from kinegen.errors import ConfigError
+    from kinegen.training.gan import train_gan
+
+    train_gan(tmp_path / "a", _tiny_train(variant="r3gan"))
+    train_gan(tmp_path / "b", _tiny_train(variant="r3gan", positional_channels=4, init=str(tmp_path / "a"),
+                                          steps=1, lr=1e-12))
+    a, b = (tmp_path / "a" / "checkpoint", tmp_path / "b" / "checkpoint")
+    ga, gb = load_file(str(a / "generator.safetensors")), load_file(str(b / "generator.safetensors"))
+    assert set(gb) - set(ga) == {k for k in gb if k.startswith("positional.")} != set()
+    for k, v in ga.items():  # one step at lr 1e-12: the weights are the first run's
+        torch.testing.assert_close(gb[k], v, rtol=0, atol=1e-6)
+    da, db = load_file(str(a / "discriminator.safetensors")), load_file(str(b / "discriminator.safetensors"))
+    assert all(torch.allclose(db[k], v, atol=1e-6) for k, v in da.items())
+    with pytest.raises(ConfigError, match="differs in widths"):
+        train_gan(tmp_path / "c", _tiny_train(variant="r3gan", widths="64,32,32", init=str(tmp_path / "a")))
+    with pytest.raises(ConfigError, match="no GAN checkpoint"):
+        train_gan(tmp_path / "d", _tiny_train(variant="r3gan", init=str(tmp_path)))
+    assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()  # refused before anything is written
+
+
 def test_discriminator_class_margins_start_at_zero_with_shared_class_embeddings():
     from kinegen.models.mpgan import Discriminator
     from kinegen.models.mpgan_config import GANConfig

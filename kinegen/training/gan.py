@@ -180,6 +180,33 @@ def ema_sigmas(cfg: GANTrainConfig) -> tuple[float, ...]:
     return sigmas
 
 
+def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -> None:
+    """Load G and D from another run's checkpoint (``--init RUN``): a fine-tune with a fresh optimiser and
+    schedule. The networks must be the run's, except that G may add positional maps (``positional_channels``),
+    which then start as the no-op they are at initialisation."""
+    from safetensors.torch import load_file
+
+    ckpt = init / "checkpoint"
+    if not (ckpt / "generator.safetensors").is_file() or not (ckpt / "discriminator.safetensors").is_file():
+        raise ConfigError(f"--init {init}: no GAN checkpoint there (checkpoint/generator.safetensors and "
+                          "discriminator.safetensors); give the --run folder of an earlier kinegen train gan.")
+    src = load_run_config(init)
+    if src.positional_channels and src.positional_channels != net.positional_channels:
+        raise ConfigError(f"--init {init} has {src.positional_channels} positional channels; use the same number.")
+    if dataclasses.replace(src, positional_channels=net.positional_channels) != net:
+        diff = [f.name for f in dataclasses.fields(net) if getattr(src, f.name) != getattr(net, f.name)]
+        raise ConfigError(f"--init {init} is another network (it differs in {', '.join(diff)}); give the same "
+                          "--variant, --widths and switches as that run (only --positional-channels may be added).")
+    d.load_state_dict(load_file(str(ckpt / "discriminator.safetensors")))
+    missing, unexpected = g.load_state_dict(load_file(str(ckpt / "generator.safetensors")), strict=False)
+    if unexpected or any(not k.startswith("positional.") for k in missing):
+        raise ConfigError(f"--init {init}: its generator's weights do not fit (missing {missing}, unexpected "
+                          f"{unexpected}).")
+    step = json.loads((ckpt / "state.json").read_text())["step"] if (ckpt / "state.json").is_file() else "?"
+    print(f"starting from {init} (its step {step})" + (f"; {len(missing)} positional tensors start at their "
+                                                       "no-op" if missing else ""), flush=True)
+
+
 def _cos(step: int, total: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * min(step / max(total, 1), 1.0)))
 
@@ -195,21 +222,22 @@ def train_gan(run_dir: str | Path, cfg: GANTrainConfig) -> Path:
     if cfg.eval_every < 0:
         raise ConfigError(f"--eval-every is a number of steps (0 = off); got {cfg.eval_every}.")
     evaluator = TrainingEval(run_dir, cfg, data, sigmas, net.z_dim) if cfg.eval_every else None
-    run_dir.mkdir(parents=True, exist_ok=True)  # after the settings are known to be good: no empty run folders
-    meta = {"train": dataclasses.asdict(cfg), "network": dataclasses.asdict(net), "classes": data.classes}
     meta_path = run_dir / "run.json"
-    if meta_path.is_file():
-        # fields added since the run began take their defaults, as when the run was made
-        if load_run_config(run_dir) != net:
-            raise ConfigError(f"{run_dir} holds a run with another network configuration; use a new --run folder.")
-    else:
-        meta_path.write_text(json.dumps(meta, indent=2))
+    # fields added since the run began take their defaults, as when the run was made
+    if meta_path.is_file() and load_run_config(run_dir) != net:
+        raise ConfigError(f"{run_dir} holds a run with another network configuration; use a new --run folder.")
     torch.manual_seed(cfg.seed)
     g, d = Generator(net), Discriminator(net)
     if g.out_gain is not None:
         with torch.no_grad():
             g.out_gain.fill_(cfg.out_gain_init)
-    ema = PowerEMA(g, sigmas)
+    if cfg.init and not (run_dir / "checkpoint" / "state.json").is_file():  # a resumed run keeps its own state
+        start_from_run(Path(cfg.init), net, g, d)
+    run_dir.mkdir(parents=True, exist_ok=True)  # after the settings are known to be good: no empty run folders
+    if not meta_path.is_file():
+        meta = {"train": dataclasses.asdict(cfg), "network": dataclasses.asdict(net), "classes": data.classes}
+        meta_path.write_text(json.dumps(meta, indent=2))
+    ema = PowerEMA(g, sigmas)  # the EMAs start again from G (at step 1 they are G)
     lr0 = cfg.lr or GAN_DEFAULT_LR[cfg.variant]
     opt_g = torch.optim.Adam(g.parameters(), lr=lr0, betas=(0.0, 0.9), eps=1e-8)
     opt_d = torch.optim.Adam(d.parameters(), lr=lr0, betas=(0.0, 0.9), eps=1e-8)
