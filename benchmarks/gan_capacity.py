@@ -18,10 +18,11 @@ noisy, plain) fits only images of that background texture and reports how often 
     .venv/bin/python benchmarks/gan_capacity.py fit r3gan:6e-4 r3gan-pe8:6e-4 --texture checkered --steps 800
 
 Network names: ``mp`` (the MP-GAN's default networks), ``r3gan`` (the baseline at 192,176,144,96, its equal-
-parameter width), ``mp-alpha<a>`` (MP with every residual gain starting at ``a`` instead of 0), ``mp-no-<switch>``
-(one MP switch off), ``r3gan-pe<C>`` and ``mp-pe<C>`` (G with ``C`` channels of positional maps), ``reference``
-(classify: the evaluation classifier's architecture) and ``plain`` (fit: the plain decoder). Single-threaded;
-batch 32; Adam with beta1 0 for the GAN networks (as in training), 0.9 otherwise.
+parameter width), ``r3gan-mpwidths`` (the baseline at the MP-GAN's widths 128,128,128,64), ``mp-alpha<a>`` (MP
+with every residual gain starting at ``a`` instead of 0), ``mp-no-<switch>`` (one MP switch off), ``r3gan-pe<C>``
+and ``mp-pe<C>`` (G with ``C`` channels of positional maps), ``reference`` (classify: the evaluation
+classifier's architecture) and ``plain`` (fit: the plain decoder). Single-threaded; batch 32; Adam with beta1 0
+for the GAN networks (as in training), 0.9 otherwise.
 """
 
 from __future__ import annotations
@@ -53,13 +54,15 @@ def gan_config(name: str) -> GANConfig:
         return GANConfig()
     if name == "r3gan":
         return GANConfig.baseline(widths=R3GAN_WIDTHS)
+    if name == "r3gan-mpwidths":  # the R3GAN networks at the MP-GAN's widths: widths or MP switches?
+        return GANConfig.baseline(widths=GANConfig().widths)
     if name.startswith(("r3gan-pe", "mp-pe")) and name.rpartition("-pe")[2].isdigit():
         base = gan_config(name.rpartition("-pe")[0])
         return dataclasses.replace(base, positional_channels=int(name.rpartition("-pe")[2]))
     if name.startswith("mp-no-") and name[6:] in MP_SWITCHES:
         return GANConfig(**{name[6:]: False})
     raise SystemExit(f"unknown network {name!r}: mp, r3gan, mp-alpha<a>, mp-no-<{'|'.join(MP_SWITCHES)}>, "
-                     "r3gan-pe<C>, mp-pe<C>, reference (classify) or plain (fit)")
+                     "r3gan-mpwidths, r3gan-pe<C>, mp-pe<C>, reference (classify) or plain (fit)")
 
 
 def start_residual_gains(net: nn.Module, name: str) -> None:

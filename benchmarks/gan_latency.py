@@ -1,10 +1,12 @@
-"""One-step MP-GAN latency against a same-size diffusion sampler, interleaved in one process.
+"""One-step GAN latency against a same-size diffusion sampler, interleaved in one process.
 
 The diffusion side is diffusers' class-conditional UNet2DModel at the GAN's resolution with about
-as many parameters as the GAN's generator (1.12M against 1.03M), random weights (latency only),
-sampled with DDIM for 20 and 50 steps (one network evaluation per step). Usage:
+as many parameters as the GAN's generator (1.12M; the MP-GAN's generator has 1.03M, the bundled R3GAN
+baseline's 0.84M), random weights (latency only), sampled with DDIM for 20 and 50 steps (one network
+evaluation per step). Usage:
 
-    .venv/bin/python benchmarks/gan_latency.py [--model assets/models/kinegen-shapes-gan] [--repeats 7]
+    .venv/bin/python benchmarks/gan_latency.py [--model assets/models/kinegen-shapes-gan] [--repeats 7] \
+        [--output benchmarks/results/gan/latency.json]
 """
 
 import argparse
@@ -15,6 +17,7 @@ import time
 import torch
 from diffusers import DDIMScheduler, UNet2DModel
 
+from kinegen.media import atomic_write_text
 from kinegen.pipelines import MPGANPipeline
 
 
@@ -66,13 +69,13 @@ def main():
     med = {k: statistics.median(v) * 1000 for k, v in times.items()}
     print(f"generator {g_params / 1e6:.2f}M parameters; UNet {u_params / 1e6:.2f}M; {res}x{res}; "
           f"torch threads {torch.get_num_threads()}; median of {args.repeats} interleaved runs")
-    print("| batch | MP-GAN (1 step) | DDIM 20 steps | DDIM 50 steps | GAN speedup vs 20 / 50 |")
+    print("| batch | GAN (1 step) | DDIM 20 steps | DDIM 50 steps | GAN speedup vs 20 / 50 |")
     print("|---|---|---|---|---|")
     for b in (1, 16):
         g, d20, d50 = med[f"gan b{b}"], med[f"ddim20 b{b}"], med[f"ddim50 b{b}"]
         print(f"| {b} | {g:.1f} ms | {d20:.1f} ms | {d50:.1f} ms | {d20 / g:.0f}x / {d50 / g:.0f}x |")
-    with open(args.output, "w") as f:
-        json.dump({"median_ms": med, "generator_params": g_params, "unet_params": u_params}, f, indent=2)
+    atomic_write_text(args.output, json.dumps({"model": args.model, "median_ms": med, "generator_params": g_params,
+                                               "unet_params": u_params}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

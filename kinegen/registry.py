@@ -110,8 +110,9 @@ for _spec in [
               "a KV cache (bundled; its VAE breaks after frame 16, see its card)", 128, 128, 20,
               2.0, frames=121, fps=24,
               bundled="kinegen-shapes-ar"),
-    ModelSpec("kinegen-shapes-gan", "mpgan", "class-conditional MP-GAN trained here on 12 shape/colour classes, "
-              "32x32, one step (bundled)", 32, 32, 1, 0.0, bundled="kinegen-shapes-gan"),
+    ModelSpec("kinegen-shapes-gan", "mpgan", "class-conditional GAN (the R3GAN baseline of kinegen train gan) "
+              "trained here on 12 shape/colour classes, 32x32, one step (bundled)", 32, 32, 1, 0.0,
+              bundled="kinegen-shapes-gan"),
     # Tiny random-weight models built in code: for tests, CI and a first run without downloads.
     ModelSpec("tiny-wan", "wan", "tiny random Wan 2.1 (tests; output is noise)", 64, 64, 4, 5.0, frames=9,
               builder=_tiny("tiny-wan")),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kinegen.data.shape_images import DEFAULT_CLASSES, HELD_OUT_SEED, batch
-from kinegen.data.shapes import BACKGROUNDS, TEXTURES, ClipSpec, ObjectSpec, render_clip
+from kinegen.data.shapes import BACKGROUNDS, TEXTURES, ClipSpec, ObjectSpec, render_clip, texture_mask
 from kinegen.evaluation.gan_backgrounds import OTHER, compare_backgrounds, read_background
 
 
@@ -67,3 +67,16 @@ def test_backgrounds_tied_to_the_class_fail_within_a_class_only():
                      for c, (colour, shape) in enumerate(DEFAULT_CLASSES)] * 40)
     m = compare_backgrounds(real, tied, np.arange(len(tied)) % 12)
     assert m["colour_tv"] < 0.1 and m["colour_tv_by_class"] == pytest.approx(0.75, abs=0.08)
+
+
+# at 32x32: checkered cells of 4 pixels, diagonal stripes of 3
+@pytest.mark.parametrize("texture, half_period", [("checkered", 4), ("striped", 3)])
+def test_texture_mask_shift_moves_the_pattern(texture, half_period):
+    base = texture_mask(texture, 32, 32)
+    assert set(np.unique(base)) == {0.0, 1.0}
+    assert np.array_equal(texture_mask(texture, 32, 32, dx=2 * half_period), base)  # a full period: the same
+    assert np.array_equal(texture_mask(texture, 32, 32, dy=2 * half_period), base)
+    assert np.array_equal(texture_mask(texture, 32, 32, dx=half_period), 1 - base)  # half a period: inverted
+    assert np.array_equal(texture_mask(texture, 32, 32, dy=1)[:-1], base[1:])  # one row down is the next row
+    with pytest.raises(ValueError, match="patterned textures: checkered, striped"):
+        texture_mask("noisy", 32, 32)

@@ -340,10 +340,11 @@ def _polygon(shape: str, cx: float, cy: float, r: float, rot: float) -> np.ndarr
     return np.array(pts)
 
 
-def texture_mask(texture: str, h: int, w: int) -> np.ndarray:
+def texture_mask(texture: str, h: int, w: int, dy: int = 0, dx: int = 0) -> np.ndarray:
     """The 0/1 ``[h, w]`` pattern of a checkered or striped background (cells of 1/8, stripes of 1/10 of the
-    shorter side, anchored at the top-left corner)."""
-    yy, xx = np.mgrid[0:h, 0:w]
+    shorter side, anchored at the top-left corner; ``dy``, ``dx`` shift it by that many pixels, which the data
+    never do: a probe of whether a generator draws the pattern at another phase)."""
+    yy, xx = np.mgrid[dy:dy + h, dx:dx + w]
     if texture == "checkered":
         cell = max(2, min(h, w) // 8)
         return ((yy // cell + xx // cell) % 2).astype(np.float32)

@@ -69,6 +69,12 @@ def background_mask(img: np.ndarray, base: str) -> np.ndarray:
     return np.linalg.norm(_chroma(img.astype(np.float32)) - _chroma(rgb), axis=-1) < MAX_CHROMA_ERROR
 
 
+def background_brightness(img: np.ndarray, base: str, background: np.ndarray) -> np.ndarray:
+    """The brightness above the base colour (0-255 units) of the pixels of ``background`` (a
+    :func:`background_mask`): what every texture adds."""
+    return (img.astype(np.float32) - np.asarray(BACKGROUNDS[base], np.float32)).mean(-1)[background]
+
+
 def read_texture(img: np.ndarray, base: str, background: np.ndarray | None = None) -> str:
     """The texture of one image whose background colour is ``base``: a name of ``TEXTURES`` or ``"other"``
     (``background``: its :func:`background_mask`, when already at hand)."""
@@ -76,7 +82,7 @@ def read_texture(img: np.ndarray, base: str, background: np.ndarray | None = Non
         return OTHER
     if background is None:
         background = background_mask(img, base)
-    brightness = (img.astype(np.float32) - np.asarray(BACKGROUNDS[base], np.float32)).mean(-1)[background]
+    brightness = background_brightness(img, base, background)
     if brightness.std() < 1e-3:
         return "plain"
     h, w = img.shape[:2]

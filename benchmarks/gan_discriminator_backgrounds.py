@@ -1,0 +1,80 @@
+"""Does a GAN run's discriminator see the backgrounds' textures? Its checkpointed D scored on one image, retextured.
+
+Each held-out real image (classes balanced) is drawn again with every background texture of the data (plain,
+checkered, striped, noisy: ``render_image(..., texture=T)``, the same shape, colour, place and background colour)
+and with a *faint blotch*, the data's noisy texture at ``--blotch`` of its amplitude (default 0.4: a median
+deviation of 3-4 of 255, what the R3GAN baseline draws on every background; benchmarks/gan.md
+"Backgrounds"). D scores each version at the image's class, ``D(x, y)``. Printed per run: the mean score of each
+version, and how often D scores the image with each real texture above the same image with the faint blotch
+(0.5: D does not tell them apart, so its gradient does not ask G for that texture instead of the blotch).
+
+    .venv/bin/python benchmarks/gan_discriminator_backgrounds.py runs/gan-long/r3gan-s0 runs/gan-long/mp-s0 \\
+        [--images 600] [--blotch 0.4]
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+VERSIONS = ("plain", "checkered", "striped", "noisy")
+
+
+def retextured(n_images: int, resolution: int, blotch: float) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """uint8 images of every version and their labels; the blotch is added to the plain image's background only
+    (the noisy texture is additive there, and the shape is drawn over it)."""
+    from kinegen.data.shape_images import HELD_OUT_SEED, REFERENCE_SEEDS, render_image
+
+    labels = np.arange(n_images) % 12
+    seeds = HELD_OUT_SEED + REFERENCE_SEEDS + np.arange(n_images)
+    out = {t: np.stack([render_image(int(s), int(y), resolution, texture=t)
+                        for s, y in zip(seeds, labels, strict=True)]) for t in VERSIONS}
+    plain, noisy = out["plain"].astype(np.float32), out["noisy"].astype(np.float32)
+    out["faint blotch"] = np.clip(np.round(plain + blotch * (noisy - plain)), 0, 255).astype(np.uint8)
+    return out, labels
+
+
+@torch.no_grad()
+def texture_scores(run: Path, n_images: int, blotch: float) -> dict:
+    from safetensors.torch import load_model
+
+    from kinegen.models.mpgan import Discriminator
+    from kinegen.training.gan import load_run_config
+
+    net = load_run_config(run)
+    d = Discriminator(net).eval()
+    load_model(d, str(run / "checkpoint" / "discriminator.safetensors"))
+    step = json.loads((run / "checkpoint" / "state.json").read_text())["step"]
+    images, labels = retextured(n_images, net.resolution, blotch)
+    y = torch.from_numpy(labels)
+    scores = {}
+    for name, imgs in images.items():
+        x = torch.from_numpy(imgs).permute(0, 3, 1, 2).float() / 127.5 - 1.0
+        scores[name] = d.class_logits(x)[torch.arange(len(y)), y].numpy()
+    return {"run": str(run), "step": step, "blotch": blotch,
+            "mean_score": {k: float(v.mean()) for k, v in scores.items()},
+            "above_blotch": {t: float((scores[t] > scores["faint blotch"]).mean()) for t in VERSIONS}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--images", type=int, default=600)
+    parser.add_argument("--blotch", type=float, default=0.4, help="the faint blotch's share of the noisy amplitude")
+    args = parser.parse_args()
+    if not 0 < args.blotch < 1:
+        parser.error("--blotch must be between 0 and 1 (a share of the noisy texture's amplitude)")
+    names = (*VERSIONS, "faint blotch")
+    print("| run | step | mean D(x, y): " + " / ".join(names) + " | D scores it above the faint blotch: "
+          + " / ".join(VERSIONS) + " |")
+    print("|---|---|---|---|")
+    for run in args.runs:
+        r = texture_scores(run, args.images, args.blotch)
+        print(f"| {run.name} | {r['step']} | " + " / ".join(f"{r['mean_score'][k]:.2f}" for k in names) + " | "
+              + " / ".join(f"{r['above_blotch'][t]:.2f}" for t in VERSIONS) + " |")
+
+
+if __name__ == "__main__":
+    main()

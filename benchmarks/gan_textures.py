@@ -1,0 +1,118 @@
+"""What a GAN draws as background texture, beyond the reader's four names (issue 26, benchmarks/gan.md "Backgrounds").
+
+The reader (:mod:`kinegen.evaluation.gan_backgrounds`) calls a background checkered or striped when its
+brightness correlates with the data's pattern at the data's place, and noisy when its brightness spreads (median
+absolute deviation, MAD) by more than 2.5 of 255 without a pattern. Two questions it leaves open, answered here
+for held-out real images and for each generator, on the same images as the training eval (the latents of seed 7,
+classes balanced):
+
+- **patterns at another phase**: the best correlation with the checkered or striped pattern over every shift of
+  it (``texture_mask(..., dy, dx)``, one period in each direction); a generator that draws the pattern but not at
+  the pixel-grid place the data fix it to scores here and not in the reader;
+- **how much the background spreads**: percentiles of the MAD (the data's plain backgrounds 0, noisy 5 to 13),
+  which tell a faint blotch from real noise.
+
+    .venv/bin/python benchmarks/gan_textures.py runs/gan-long/r3gan-s0/snapshots/0003000_0.100.safetensors \\
+        assets/models/kinegen-shapes-gan [--images 600]
+
+Each argument is an ``MPGANPipeline`` folder, a run's EMA snapshot (``RUN/snapshots/STEP_SIGMA.safetensors``)
+or a run folder (its reconstructed ``RUN/pipeline``). Single-threaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+import torch
+
+PATTERN_CORRELATION = 0.6  # as the reader's threshold
+
+
+def load_generator(path: Path):
+    from safetensors.torch import load_file
+
+    from kinegen.models.mpgan import Generator
+    from kinegen.training.gan import load_run_config
+
+    if path.suffix == ".safetensors":
+        g = Generator(load_run_config(path.parent.parent)).eval()
+        g.load_state_dict(load_file(str(path)))
+        return g
+    from kinegen.pipelines import MPGANPipeline
+
+    folder = path / "pipeline" if (path / "run.json").is_file() else path
+    return MPGANPipeline.from_pretrained(str(folder)).gan.net.eval()
+
+
+@torch.no_grad()
+def generated_images(g, labels: np.ndarray, z_dim: int) -> np.ndarray:
+    z = torch.randn(len(labels), z_dim, generator=torch.Generator().manual_seed(7))  # the training eval's
+    y = torch.from_numpy(labels).long()
+    x = torch.cat([g(z[i:i + 200], y[i:i + 200]) for i in range(0, len(y), 200)])
+    return ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+
+
+def texture_probe(images: np.ndarray) -> dict:
+    """Reader's textures, patterns at the data's phase and at any phase, MAD percentiles, for uint8 images."""
+    from kinegen.data.shapes import texture_mask
+    from kinegen.evaluation.gan_backgrounds import (
+        OTHER,
+        background_brightness,
+        background_mask,
+        read_background,
+        read_base,
+    )
+
+    h, w = images.shape[1:3]
+    period = {"checkered": 2 * max(2, min(h, w) // 8), "striped": 2 * max(2, min(h, w) // 10)}
+    shifts = {p: [texture_mask(p, h, w, dy, dx) for dy in range(n) for dx in range(n)] for p, n in period.items()}
+    reads, at_phase, any_phase, mads = [], {p: 0 for p in period}, {p: 0 for p in period}, []
+    for img in images:
+        reads.append(read_background(img)[1])
+        base = read_base(img)
+        if base == OTHER:
+            continue
+        background = background_mask(img, base)
+        b = background_brightness(img, base, background)
+        mads.append(float(np.median(np.abs(b - np.median(b)))))
+        if b.std() < 1e-3:
+            continue
+        for p, masks in shifts.items():
+            corr = [np.corrcoef(b, m[background])[0, 1] if m[background].std() > 0 else 0.0 for m in masks]
+            at_phase[p] += corr[0] > PATTERN_CORRELATION
+            any_phase[p] += max(corr) > PATTERN_CORRELATION
+    n = len(images)
+    return {"textures": {t: reads.count(t) / n for t in ("plain", "checkered", "striped", "noisy", OTHER)},
+            "at_phase": {p: v / n for p, v in at_phase.items()}, "any_phase": {p: v / n for p, v in any_phase.items()},
+            "mad_percentiles": np.percentile(mads, [10, 50, 90]).tolist() if mads else [float("nan")] * 3}
+
+
+def row(name: str, m: dict) -> str:
+    t, a, p = m["textures"], m["at_phase"], m["any_phase"]
+    return (f"| {name} | {' / '.join(f'{t[k]:.0%}' for k in ('plain', 'checkered', 'striped', 'noisy', 'other'))} "
+            f"| {a['checkered']:.0%} / {a['striped']:.0%} | {p['checkered']:.0%} / {p['striped']:.0%} "
+            f"| {' / '.join(f'{v:.1f}' for v in m['mad_percentiles'])} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("generators", type=Path, nargs="+", help="pipeline folders, EMA snapshots or run folders")
+    parser.add_argument("--images", type=int, default=600)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    from kinegen.evaluation.gan_metrics import reference_images
+
+    real, labels = reference_images(args.images, 32)
+    print("| images | read as plain / checkered / striped / noisy / other | checkered / striped at the data's "
+          "place | at any phase | background MAD, 10th / 50th / 90th percentile (0-255) |")
+    print("|---|---|---|---|---|")
+    print(row(f"held-out real ({args.images})", texture_probe(real)))
+    for path in args.generators:
+        g = load_generator(path)
+        print(row(str(path), texture_probe(generated_images(g, labels, g.cfg.z_dim))), flush=True)
+
+
+if __name__ == "__main__":
+    main()
