@@ -43,7 +43,7 @@ def load_generator(path: Path):
     from kinegen.pipelines import MPGANPipeline
 
     folder = path / "pipeline" if (path / "run.json").is_file() else path
-    return MPGANPipeline.from_pretrained(str(folder, use_safetensors=True)).gan.net.eval()
+    return MPGANPipeline.from_pretrained(str(folder), use_safetensors=True).gan.net.eval()
 
 
 @torch.no_grad()
