@@ -5,7 +5,8 @@ checkered, striped, noisy: ``render_image(..., texture=T)``, the same shape, col
 and with a *faint blotch*, the data's noisy texture at ``--blotch`` of its amplitude (default 0.4: a median
 deviation of 3-4 of 255, what the R3GAN baseline draws on every background; benchmarks/gan.md
 "Backgrounds"). D scores each version at the image's class, ``D(x, y)``. Printed per run: the mean score of each
-version, and how often D scores the image with each real texture above the same image with the faint blotch
+version (with, for a run trained with ``--spectral-weight``, the spectral classifier's part of it), and how
+often D scores the image with each real texture above the same image with the faint blotch
 (0.5: D does not tell them apart, so its gradient does not ask G for that texture instead of the blotch).
 
     .venv/bin/python benchmarks/gan_discriminator_backgrounds.py runs/gan-long/r3gan-s0 runs/gan-long/mp-s0 \\
@@ -49,12 +50,14 @@ def texture_scores(run: Path, n_images: int, blotch: float) -> dict:
     step = json.loads((run / "checkpoint" / "state.json").read_text())["step"]
     images, labels = retextured(n_images, net.resolution, blotch)
     y = torch.from_numpy(labels)
-    scores = {}
+    scores, spectral = {}, {}
     for name, imgs in images.items():
         x = torch.from_numpy(imgs).permute(0, 3, 1, 2).float() / 127.5 - 1.0
-        scores[name] = d.class_logits(x)[torch.arange(len(y)), y].numpy()
+        scores[name] = d(x, y).numpy()  # the whole logit, with SSD-GAN's spectral part when the run has one
+        spectral[name] = float(torch.as_tensor(d.spectral_logit(x)).float().mean())
     return {"run": str(run), "step": step, "blotch": blotch,
             "mean_score": {k: float(v.mean()) for k, v in scores.items()},
+            "mean_spectral_part": spectral if d.spectral is not None else None,
             "above_blotch": {t: float((scores[t] > scores["faint blotch"]).mean()) for t in VERSIONS}}
 
 
@@ -74,6 +77,9 @@ def main() -> None:
         r = texture_scores(run, args.images, args.blotch)
         print(f"| {run.name} | {r['step']} | " + " / ".join(f"{r['mean_score'][k]:.2f}" for k in names) + " | "
               + " / ".join(f"{r['above_blotch'][t]:.2f}" for t in VERSIONS) + " |")
+        if r["mean_spectral_part"]:
+            print("| (of which the spectral classifier, `--spectral-weight`) | | "
+                  + " / ".join(f"{r['mean_spectral_part'][k]:.2f}" for k in names) + " | |")
 
 
 if __name__ == "__main__":

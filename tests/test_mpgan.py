@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -151,6 +152,44 @@ def test_positional_maps_start_as_a_no_op_then_place_what_g_draws(mp):
     assert len(MPGANGenerator(**{**gen_cfg, "positional_channels": 0}).net.positional) == 0
 
 
+def test_reduced_spectrum_puts_a_flat_image_at_dc_and_a_checkerboard_at_its_ring():
+    from kinegen.models.mpgan import SPECTRUM_EPS, reduced_spectrum
+
+    flat = torch.full((2, 3, 32, 32), 0.3)
+    s = reduced_spectrum(flat)
+    assert s.shape == (2, 24)  # rings 0 .. round(16 sqrt 2) = 23
+    assert s[0, 0] > 0 and torch.allclose(s[:, 1:], torch.full((2, 23), math.log(SPECTRUM_EPS)))
+    yy, xx = torch.meshgrid(torch.arange(32), torch.arange(32), indexing="ij")
+    checker = ((yy // 4 + xx // 4) % 2).float() * 0.1  # 4-pixel cells: frequency (4, 4), ring round(4 sqrt 2) = 6
+    s = reduced_spectrum(flat + checker)
+    assert int(s[0, 1:].argmax()) + 1 == 6
+    rgb = flat.clone()
+    rgb[:, 0] += checker  # luminance: a pattern in one channel is a third of it in all three
+    torch.testing.assert_close(reduced_spectrum(rgb), reduced_spectrum(flat + checker / 3))
+
+
+@pytest.mark.parametrize("mp", [True, False])
+def test_spectral_classifier_starts_as_a_no_op_then_adds_its_logit(mp):
+    from kinegen.models.mpgan import Discriminator, reduced_spectrum
+
+    make = GANConfig if mp else GANConfig.baseline
+    torch.manual_seed(0)
+    d, plain = Discriminator(make(**SMALL, spectral_weight=2.0)), Discriminator(make(**SMALL))
+    res = plain.load_state_dict(d.state_dict(), strict=False)
+    assert res.missing_keys == [] and res.unexpected_keys == ["spectral.weight"]
+    x, y = torch.randn(3, 3, 16, 16), torch.tensor([0, 1, 2])
+    torch.testing.assert_close(d(x, y), plain(x, y))  # zero at the start: the spatial D exactly
+    d(x, y).sum().backward()
+    assert d.spectral.weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        d.spectral.weight.normal_()
+        expected = plain(x, y) + 2.0 * (reduced_spectrum(x) @ d.spectral.weight.T)[:, 0]
+        torch.testing.assert_close(d(x, y), expected)
+        assert (d(x, y) - plain(x, y)).abs().max() > 1e-2
+        torch.testing.assert_close(d.logits_for_label_matching(x, y)[0], expected)
+    assert Discriminator(make(**SMALL)).spectral is None
+
+
 def test_bad_configs_are_refused():
     with pytest.raises(ValueError, match="power of two"):
         GANConfig(resolution=24)
@@ -158,6 +197,8 @@ def test_bad_configs_are_refused():
         GANConfig(resolution=32, widths=(64, 64))
     with pytest.raises(ValueError, match="positional_channels"):
         GANConfig(positional_channels=-1)
+    with pytest.raises(ValueError, match="spectral_weight"):
+        GANConfig(spectral_weight=-0.5)
 
 
 def test_post_hoc_ema_reconstructs_an_untracked_profile():
@@ -452,15 +493,15 @@ def test_gan_training_with_positional_maps_saves_them_with_the_generator(tmp_pat
     assert pipe(class_labels=[0, 1], output_type="pt").images.shape == (2, 3, 16, 16)
 
 
-def test_gan_training_starts_from_another_runs_networks_and_may_add_positional_maps(tmp_path):
+def test_gan_training_starts_from_another_runs_networks_and_may_add_positional_maps_and_spectra(tmp_path):
     from safetensors.torch import load_file
 
     from kinegen.errors import ConfigError
     from kinegen.training.gan import train_gan
 
     train_gan(tmp_path / "a", _tiny_train(variant="r3gan"))
-    train_gan(tmp_path / "b", _tiny_train(variant="r3gan", positional_channels=4, init=str(tmp_path / "a"),
-                                          steps=1, lr=1e-12))
+    out = train_gan(tmp_path / "b", _tiny_train(variant="r3gan", positional_channels=4, spectral_weight=1.0,
+                                                init=str(tmp_path / "a"), steps=1, lr=1e-12))
     a, b = (tmp_path / "a" / "checkpoint", tmp_path / "b" / "checkpoint")
     ga, gb = load_file(str(a / "generator.safetensors")), load_file(str(b / "generator.safetensors"))
     assert set(gb) - set(ga) == {k for k in gb if k.startswith("positional.")} != set()
@@ -468,11 +509,20 @@ def test_gan_training_starts_from_another_runs_networks_and_may_add_positional_m
         torch.testing.assert_close(gb[k], v, rtol=0, atol=1e-6)
     da, db = load_file(str(a / "discriminator.safetensors")), load_file(str(b / "discriminator.safetensors"))
     assert all(torch.allclose(db[k], v, atol=1e-6) for k, v in da.items())
+    assert set(db) - set(da) == {"spectral.weight"}
+    logged = json.loads((tmp_path / "b" / "log.jsonl").read_text().splitlines()[-1])
+    assert {"d_spec_real", "d_spec_fake"} <= set(logged)
+    from kinegen.pipelines import MPGANPipeline
+
+    assert "spectral_weight" not in MPGANPipeline.from_pretrained(out).gan.config  # D only: not in G's config
+    with pytest.raises(ConfigError, match="spectral_weight"):
+        train_gan(tmp_path / "e", _tiny_train(variant="r3gan", spectral_weight=-1.0))
     with pytest.raises(ConfigError, match="differs in widths"):
         train_gan(tmp_path / "c", _tiny_train(variant="r3gan", widths="64,32,32", init=str(tmp_path / "a")))
     with pytest.raises(ConfigError, match="no GAN checkpoint"):
         train_gan(tmp_path / "d", _tiny_train(variant="r3gan", init=str(tmp_path)))
-    assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()  # refused before anything is written
+    for name in "cde":  # refused before anything is written
+        assert not (tmp_path / name).exists()
 
 
 def test_discriminator_class_margins_start_at_zero_with_shared_class_embeddings():

@@ -28,7 +28,8 @@ a projection discriminator. The magnitude-preserving (MP) changes follow EDM2 (K
   learn the classes apart (R3GAN's successor), instead of a linear layer on one-hot labels.
 
 Not an MP switch: ``positional_channels`` gives G a learned positional map at every stage from 8x8 up
-(:class:`PositionalMap`), off by default.
+(:class:`PositionalMap`), off by default. Nor is ``spectral_weight``: SSD-GAN's linear classifier on the
+image's reduced spectrum added to D's logit (:func:`reduced_spectrum`), off by default.
 
 All switches off is the R3GAN baseline; all on is the MP-GAN. ``D.magnitudes`` records the RMS of
 the discriminator's activations per stage (the diagnostic of docs/gan.md).
@@ -330,6 +331,27 @@ def minibatch_stddev(x: torch.Tensor, group: int) -> torch.Tensor:
     return torch.cat([x, sd.to(x.dtype).repeat(g).view(n, 1, 1, 1).expand(n, 1, h, w)], dim=1)
 
 
+SPECTRUM_EPS = 1e-3  # added to the power before the log: the data's plain backgrounds are ~5e-4 at the highest rings
+
+
+def spectrum_rings(size: int) -> torch.Tensor:
+    """The ring of every frequency of a ``size x size`` 2D FFT: its distance from DC, rounded, ``[size * size]``."""
+    f = torch.fft.fftfreq(size) * size
+    return (f[:, None].square() + f[None, :].square()).sqrt().round().long().flatten()
+
+
+def reduced_spectrum(x: torch.Tensor, eps: float = SPECTRUM_EPS) -> torch.Tensor:
+    """SSD-GAN's reduced spectrum (Chen et al., AAAI 2021, Sec. 3.3): the power spectrum of the image's luminance
+    (the mean of its channels), averaged over rings of equal spatial frequency (azimuthal integration) and taken
+    as a log, ``[N, rings]`` from DC out to the corners. Differentiable, so R1/R2 see it too."""
+    gray = x.float().mean(1)
+    power = torch.fft.fft2(gray, norm="ortho").abs().square().flatten(1)  # [N, H*W]
+    rings = spectrum_rings(gray.shape[-1]).to(x.device)
+    n = int(rings.max()) + 1
+    total = power.new_zeros(len(x), n).index_add_(1, rings, power)
+    return torch.log(total / torch.bincount(rings, minlength=n).to(power.dtype) + eps).to(x.dtype)
+
+
 class Discriminator(nn.Module):
     """Projection discriminator mirroring the generator; ``magnitudes`` holds per-stage activation RMS."""
 
@@ -358,8 +380,23 @@ class Discriminator(nn.Module):
         pooled_dim = 2 * c4 if cfg.ff_heads else cin
         self.class_head = Linear(pooled_dim, cfg.num_classes, bias=True, mp=mp, centering=False) \
             if cfg.separate_class_head else None
+        # SSD-GAN's frequency-aware classifier, zero at the start (so a fine-tune starts from the spatial D)
+        rings = int(spectrum_rings(cfg.resolution).max()) + 1
+        self.spectral = nn.Linear(rings, 1, bias=False) if cfg.spectral_weight else None
+        if self.spectral is not None:
+            nn.init.zeros_(self.spectral.weight)
         self.magnitudes: list[float] = []
         self.track_magnitudes = False
+
+    def spectral_logit(self, x: torch.Tensor) -> torch.Tensor | float:
+        """``w C(phi(x))``, ``[N]``: SSD-GAN's spectral realness (Sec. 3.3), added to every logit ``D(x, y)``.
+
+        SSD-GAN mixes ``lambda D(x) + (1 - lambda) C(phi(x))``; here D keeps its own scale and ``w`` weighs
+        ``C`` (the same family up to D's learned scale), so that ``spectral_weight`` 0 is R3GAN's D exactly.
+        ``C`` is unconditional: the textures do not depend on the class."""
+        if self.spectral is None:
+            return 0.0
+        return self.cfg.spectral_weight * self.spectral(reduced_spectrum(x).to(self.spectral.weight.dtype))[:, 0]
 
     def pooled(self, x: torch.Tensor) -> torch.Tensor:
         """The trunk and the head up to the 4x4 basis: one vector per image, the input of the last linear layer."""
@@ -410,9 +447,9 @@ class Discriminator(nn.Module):
         p = self.pooled(x)
         h = self.head2(p)
         if self.class_head is not None:
-            return self.project(h, class_labels), self.class_head(p)
+            return self.project(h, class_labels) + self.spectral_logit(x), self.class_head(p)
         every = self.project_all(h)
-        return every.gather(1, class_labels[:, None])[:, 0], every
+        return every.gather(1, class_labels[:, None])[:, 0] + self.spectral_logit(x), every
 
     def project_all(self, h: torch.Tensor) -> torch.Tensor:
         """``h . e_c / sqrt(dim)`` under every class ``c``, ``[N, num_classes]``."""
@@ -433,8 +470,9 @@ class Discriminator(nn.Module):
         return self.project_all(self.features(x))
 
     def forward(self, x: torch.Tensor, class_labels: torch.Tensor) -> torch.Tensor:
-        """The projection logit ``D(x, y)`` of each image under its own label, ``[N]``."""
-        return self.project(self.features(x), class_labels)
+        """The projection logit ``D(x, y)`` of each image under its own label (plus the spectral logit when
+        ``spectral_weight`` is on), ``[N]``."""
+        return self.project(self.features(x), class_labels) + self.spectral_logit(x)
 
 
 def renormalize_(module: nn.Module) -> None:

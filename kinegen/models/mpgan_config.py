@@ -8,7 +8,7 @@ import dataclasses
 import math
 
 # GANConfig's fields that only the discriminator reads: a saved generator does not keep them.
-D_ONLY_FIELDS = ("mbstd_group", "separate_class_head")
+D_ONLY_FIELDS = ("mbstd_group", "separate_class_head", "spectral_weight")
 
 # The MP switches of GANConfig, in order: all True is the MP-GAN, all False the R3GAN baseline.
 MP_SWITCHES = ("weight_norm", "centering", "mp_lrelu", "mp_residual", "ff_heads", "free_transitions",
@@ -51,6 +51,11 @@ class GANConfig:
     # The shapes data's checkered and striped backgrounds are fixed to the pixel grid, which G cannot place
     # without knowing where it draws (benchmarks/gan.md, "Backgrounds"). 0 = off (R3GAN).
     positional_channels: int = 0
+    # D only, not an MP switch: SSD-GAN's frequency-aware classifier (Chen et al., AAAI 2021, Sec. 3.3), a linear
+    # classifier on the image's reduced spectrum added to D's logit with this weight (:func:`reduced_spectrum`,
+    # :meth:`Discriminator.spectral_logit`). D's downsampling blurs away the faint high-frequency textures of the
+    # shapes data, which no generator draws (benchmarks/gan.md, "Backgrounds"). 0 = off (R3GAN).
+    spectral_weight: float = 0.0
 
     def __post_init__(self):
         self.widths = tuple(int(w) for w in self.widths)
@@ -64,6 +69,8 @@ class GANConfig:
             raise ValueError(f"mbstd_group is a group size of at least 2 (0 = off), got {self.mbstd_group}")
         if self.positional_channels < 0:
             raise ValueError(f"positional_channels is a number of channels (0 = off), got {self.positional_channels}")
+        if not self.spectral_weight >= 0:
+            raise ValueError(f"spectral_weight is a weight >= 0 (0 = off), got {self.spectral_weight}")
         if any(2 * w % self.group_channels for w in self.widths):
             raise ValueError("2 x every width must be a multiple of group_channels")
         if self.free_transitions:

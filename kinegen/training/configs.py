@@ -133,7 +133,8 @@ class GANTrainConfig:
     diversity_bound: float = 0.3  # its bound tau: image L1 per unit of latent L1 (the shapes data's own: 0.32)
     separate_class_head: bool = False  # the label-matching term trains a classifier head of D's own, not the projection
     positional_channels: int = 0  # G's learned positional map per stage from 8x8 (Xu et al. 2021); 0 = off
-    init: str | None = None  # start G and D from this GAN run's checkpoint (a fine-tune; may add --positional-channels)
+    spectral_weight: float = 0.0  # weight of D's SSD-GAN classifier on the reduced spectrum (Chen et al. 2021); 0 = off
+    init: str | None = None  # start G and D from this GAN run's checkpoint (a fine-tune; may add the two above)
     mbstd_group: int = 0  # D's minibatch stddev over groups of this many images of one class (ProGAN); 0 = off
     dataset_images: int = 20000  # procedural images (the "shapes" data) drawn from a fixed pool
     out_gain_init: float = 1.0  # MP generator's learned output gain at step 0 (runs before 2026-11-30: 0)

@@ -58,7 +58,7 @@ def network_config(cfg: GANTrainConfig, num_classes: int) -> GANConfig:
     try:
         return GANConfig(resolution=cfg.resolution, num_classes=num_classes, widths=widths,
                          mbstd_group=cfg.mbstd_group, separate_class_head=cfg.separate_class_head,
-                         positional_channels=cfg.positional_channels, **flags)
+                         positional_channels=cfg.positional_channels, spectral_weight=cfg.spectral_weight, **flags)
     except ValueError as e:
         raise ConfigError(f"GAN settings: {e}") from None
 
@@ -182,8 +182,9 @@ def ema_sigmas(cfg: GANTrainConfig) -> tuple[float, ...]:
 
 def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -> None:
     """Load G and D from another run's checkpoint (``--init RUN``): a fine-tune with a fresh optimiser and
-    schedule. The networks must be the run's, except that G may add positional maps (``positional_channels``),
-    which then start as the no-op they are at initialisation."""
+    schedule. The networks must be the run's, except that G may add positional maps (``positional_channels``)
+    and D the spectral classifier (``spectral_weight``), which then start as the no-op they are at
+    initialisation."""
     from safetensors.torch import load_file
 
     ckpt = init / "checkpoint"
@@ -193,18 +194,26 @@ def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -
     src = load_run_config(init)
     if src.positional_channels and src.positional_channels != net.positional_channels:
         raise ConfigError(f"--init {init} has {src.positional_channels} positional channels; use the same number.")
-    if dataclasses.replace(src, positional_channels=net.positional_channels) != net:
+    if src.spectral_weight and src.spectral_weight != net.spectral_weight:
+        raise ConfigError(f"--init {init} has --spectral-weight {src.spectral_weight}; use the same weight.")
+    if dataclasses.replace(src, positional_channels=net.positional_channels,
+                           spectral_weight=net.spectral_weight) != net:
         diff = [f.name for f in dataclasses.fields(net) if getattr(src, f.name) != getattr(net, f.name)]
         raise ConfigError(f"--init {init} is another network (it differs in {', '.join(diff)}); give the same "
-                          "--variant, --widths and switches as that run (only --positional-channels may be added).")
-    d.load_state_dict(load_file(str(ckpt / "discriminator.safetensors")))
+                          "--variant, --widths and switches as that run (only --positional-channels and "
+                          "--spectral-weight may be added).")
+    missing_d, unexpected_d = d.load_state_dict(load_file(str(ckpt / "discriminator.safetensors")), strict=False)
+    if unexpected_d or any(k != "spectral.weight" for k in missing_d):
+        raise ConfigError(f"--init {init}: its discriminator's weights do not fit (missing {missing_d}, unexpected "
+                          f"{unexpected_d}).")
     missing, unexpected = g.load_state_dict(load_file(str(ckpt / "generator.safetensors")), strict=False)
     if unexpected or any(not k.startswith("positional.") for k in missing):
         raise ConfigError(f"--init {init}: its generator's weights do not fit (missing {missing}, unexpected "
                           f"{unexpected}).")
     step = json.loads((ckpt / "state.json").read_text())["step"] if (ckpt / "state.json").is_file() else "?"
-    print(f"starting from {init} (its step {step})" + (f"; {len(missing)} positional tensors start at their "
-                                                       "no-op" if missing else ""), flush=True)
+    new = [f"{len(missing)} positional tensors"] * bool(missing) + ["the spectral classifier"] * bool(missing_d)
+    print(f"starting from {init} (its step {step})" + (f"; {' and '.join(new)} start at their no-op" if new else ""),
+          flush=True)
 
 
 def _cos(step: int, total: int) -> float:

@@ -57,6 +57,10 @@ def discriminator_loss(d, real: torch.Tensor, fake: torch.Tensor, labels: torch.
     stats = {"d_adv": float(adv.detach().mean()), "r1": float(r1.detach().mean()),
              "r2": float(r2.detach().mean()), "d_real": float(d_real.detach().mean()),
              "d_fake": float(d_fake.detach().mean())}
+    if getattr(d, "spectral", None) is not None:  # SSD-GAN's spectral part of D(real) and D(fake), for the log
+        with torch.no_grad():
+            stats["d_spec_real"] = float(d.spectral_logit(real).mean())
+            stats["d_spec_fake"] = float(d.spectral_logit(fake).mean())
     if every_real is not None:
         cls = F.cross_entropy(every_real, labels)
         loss = loss + class_weight * cls
