@@ -383,9 +383,9 @@ class Discriminator(nn.Module):
         self.class_head = Linear(pooled_dim, cfg.num_classes, bias=True, mp=mp, centering=False) \
             if cfg.separate_class_head else None
         # SSD-GAN's frequency-aware classifier, zero at the start (so a fine-tune starts from the spatial D)
-        rings = int(spectrum_rings(cfg.resolution).max()) + 1
-        self.spectral = nn.Linear(rings, 1, bias=False) if cfg.spectral_weight else None
-        if self.spectral is not None:
+        self.spectral = None
+        if cfg.spectral_weight:
+            self.spectral = nn.Linear(int(spectrum_rings(cfg.resolution).max()) + 1, 1, bias=False)
             nn.init.zeros_(self.spectral.weight)
         self.magnitudes: list[float] = []
         self.track_magnitudes = False
