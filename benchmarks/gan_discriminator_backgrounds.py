@@ -54,10 +54,11 @@ def texture_scores(run: Path, n_images: int, blotch: float) -> dict:
     for name, imgs in images.items():
         x = torch.from_numpy(imgs).permute(0, 3, 1, 2).float() / 127.5 - 1.0
         scores[name] = d(x, y).numpy()  # the whole logit, with SSD-GAN's spectral part when the run has one
-        spectral[name] = float(torch.as_tensor(d.spectral_logit(x)).float().mean())
+        if d.spectral is not None:
+            spectral[name] = float(d.spectral_logit(x).mean())
     return {"run": str(run), "step": step, "blotch": blotch,
             "mean_score": {k: float(v.mean()) for k, v in scores.items()},
-            "mean_spectral_part": spectral if d.spectral is not None else None,
+            "mean_spectral_part": spectral or None,
             "above_blotch": {t: float((scores[t] > scores["faint blotch"]).mean()) for t in VERSIONS}}
 
 
