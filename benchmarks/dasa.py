@@ -4,6 +4,8 @@ and its dynamics masks against the procedural videos' moving objects (issue 21, 
     .venv/bin/python benchmarks/dasa.py rollouts --split held_out --prompts 3 --frames 241 \\
         --distilled runs/dasa/pipeline --output benchmarks/results/dasa/rollouts_held_out.json
     .venv/bin/python benchmarks/dasa.py masks --clips 8 --output benchmarks/results/dasa/masks.json
+    .venv/bin/python benchmarks/dasa.py sweep --prompts 2 --setting a4=keep=0.3,anchor_every=4 \
+        --output benchmarks/results/dasa/sweep.json
 
 ``rollouts``: for each prompt (``adherence_prompts(n, split, seed=1)``, never used in training or tuning) every
 setting below generates the same video (seed = prompt index) by streaming (``pipe.stream``, each chunk decoded when
@@ -23,6 +25,9 @@ equal), dynamic-only without the log-count bias (``bias=false``), the rolling wi
 window of the same bytes), and AnyFlow-FAR-style compressed history (``far-pool``: frames older than the recent ones
 pooled 2x2, :mod:`kinegen.dasa.peers`, with as many recent frames kept whole as gives the same bytes); with
 ``--distilled``, the distilled model with DASA ``reuse``.
+
+``sweep``: dense and any named DASA settings (``--setting NAME=SETTINGS``, repeatable) on the same prompts, the
+same measures as ``rollouts`` without the peers.
 
 ``masks``: procedural long videos (held-out seeds) encoded with the model's VAE and cut into the pipeline's chunks;
 DASA's dynamics tracker reads them as the pipeline would at each commit. Ground truth per token and latent frame:
@@ -207,6 +212,45 @@ def cmd_rollouts(args) -> dict:
             "table": table, "videos": records}
 
 
+def cmd_sweep(args) -> dict:
+    """Dense and each ``NAME=SETTINGS`` DASA setting on the same prompts, in a rotated order per prompt."""
+    import kinegen
+    from kinegen.evaluation.adherence import adherence_prompts, load_classifier
+
+    settings = dict(s.split("=", 1) for s in args.setting)
+    pipe = kinegen.load_pipeline(args.model)
+    pipe.set_progress_bar_config(disable=True)
+    spec = pipe.kinegen_spec
+    steps, guidance, size = args.steps or spec.steps, spec.guidance, spec.height
+    classifier = load_classifier()
+    records = []
+    for i, (prompt, truth) in enumerate(adherence_prompts(args.prompts, args.split, seed=1)):
+        names = ["dense", *settings]
+        names = names[i % len(names):] + names[:i % len(names)]
+        runs = {}
+        for name in names:
+            runs[name] = rollout(pipe, prompt, i, args.frames, steps, guidance, size, settings.get(name))
+            print(f"  {i + 1}/{args.prompts} {name}: {runs[name]['seconds']:.0f} s", flush=True)
+        rows = [summarise(name, runs[name], runs["dense"], truth, classifier) for name in ["dense", *settings]]
+        for r in rows:
+            r["computed_share"] = r["stats"].get("computed_share", 1.0)
+            print(f"{i + 1}/{args.prompts} {r['setting']:>18}: transformer x{r['transformer_speedup']:.2f}, kv "
+                  f"{r['kv_ratio']:.0%} / {r['kv_ratio_max']:.0%}, {r['psnr_db']:.1f} dB, computed "
+                  f"{r['computed_share']:.2f}", flush=True)
+        records.append({"prompt": prompt, "truth": truth, "seed": i, "settings": rows})
+    table = {}
+    for name in ["dense", *settings]:
+        rows = [next(r for r in rec["settings"] if r["setting"] == name) for rec in records]
+        table[name] = {k: float(np.mean([r[k] for r in rows])) for k in (
+            "transformer_speedup", "end_to_end_speedup", "kv_ratio", "kv_ratio_max", "psnr_db", "ssim",
+            "computed_share")}
+        table[name]["right"] = {a: float(np.mean([w[a] for r in rows for w in r["windows"]]))
+                                for a in ("shape", "colour", "motion")}
+    return {"model": args.model, "split": args.split, "prompts": args.prompts, "frames": args.frames,
+            "steps": steps, "guidance": guidance, "size": size, "settings": settings, "table": table,
+            "videos": records}
+
+
 def cmd_masks(args) -> dict:
     import torch
     import torch.nn.functional as F
@@ -224,7 +268,9 @@ def cmd_masks(args) -> dict:
     cell = pipe.vae_scale_factor_spatial * patch[0]
     mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
     std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
-    c = DASAConfig()
+    from kinegen.training.dasa import _dasa_config
+
+    c = _dasa_config(args.dasa, DASAConfig)
     results = {"dynamics": [], "uniform": [], "random": []}
     for j in range(args.clips):
         spec = sample_clip(9_000_000 + j, split="held_out")
@@ -244,13 +290,14 @@ def cmd_masks(args) -> dict:
         for select in results:  # dynamics first: the peers keep the share it kept on this clip
             if select != "dynamics":
                 keep = float(np.mean([r["kept"] for r in results["dynamics"] if r["clip"] == j]))
-            tracker = DynamicsTracker(keep, c.threshold, c.ema, c.low, c.dilate, c.scene_jump, select=select)
+            tracker = DynamicsTracker(keep, c.threshold, c.ema, c.low, c.dilate, c.scene_jump, select=select,
+                                      anchor_every=c.anchor_every)
             start, previous = 0, None
             for n in partition:
                 chunk = z[:, :, start:start + n]
                 masks = tracker.update(chunk, previous, patch)
                 for i, m in enumerate(masks):
-                    if m is not None and previous is not None:  # later frames of non-keyframe chunks
+                    if m is not None and previous is not None:  # compressed frames (not anchors or keyframes)
                         t = truth[start + i]
                         inter, union = int((m & t).sum()), int((m | t).sum())
                         results[select].append({"clip": j, "frame": start + i, "iou": inter / max(union, 1),
@@ -263,7 +310,7 @@ def cmd_masks(args) -> dict:
             f"{s} IoU {np.mean([r['iou'] for r in results[s] if r['clip'] == j]):.2f}" for s in results), flush=True)
     table = {s: {k: float(np.mean([r[k] for r in rows])) for k in ("iou", "recall", "precision", "kept", "truth")}
              for s, rows in results.items()}
-    return {"model": args.model, "clips": args.clips, "frames": args.frames, "dasa": "defaults (keep=0.3)",
+    return {"model": args.model, "clips": args.clips, "frames": args.frames, "dasa": args.dasa or "defaults",
             "table": table, "frames_scored": {s: len(r) for s, r in results.items()}, "per_frame": results}
 
 
@@ -278,17 +325,27 @@ def main(argv=None) -> int:
     r.add_argument("--frames", type=int, default=241)
     r.add_argument("--steps", type=int, default=None, help="denoising steps per chunk (default: the model's)")
     r.add_argument("--output", required=True)
+    w = sub.add_parser("sweep", help="dense and DASA settings of your choice side by side (no peers)")
+    w.add_argument("--model", default="kinegen-shapes-ar")
+    w.add_argument("--split", default="held_out", choices=["train", "held_out"])
+    w.add_argument("--prompts", type=int, default=1)
+    w.add_argument("--frames", type=int, default=241)
+    w.add_argument("--steps", type=int, default=None, help="denoising steps per chunk (default: the model's)")
+    w.add_argument("--setting", action="append", required=True, metavar="NAME=SETTINGS",
+                   help="a named DASA setting, e.g. a4=keep=0.3,anchor_every=4 (repeatable)")
+    w.add_argument("--output", required=True)
     m = sub.add_parser("masks", help="the dynamics masks against the moving objects (IoU)")
     m.add_argument("--model", default="kinegen-shapes-ar")
     m.add_argument("--clips", type=int, default=8)
     m.add_argument("--frames", type=int, default=97)
+    m.add_argument("--dasa", default="", help="DASA settings of the tracker, e.g. dilate=1,low=1 (default: defaults)")
     m.add_argument("--output", required=True)
     args = ap.parse_args(argv)
 
     from kinegen.media import atomic_write_text
 
     t0 = time.perf_counter()
-    out = cmd_rollouts(args) if args.cmd == "rollouts" else cmd_masks(args)
+    out = {"rollouts": cmd_rollouts, "sweep": cmd_sweep, "masks": cmd_masks}[args.cmd](args)
     out = {"command": "python benchmarks/dasa.py " + " ".join(sys.argv[1:] if argv is None else argv),
            "date": time.strftime("%Y-%m-%d %H:%M"), "seconds": time.perf_counter() - t0, **out}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)

@@ -58,20 +58,22 @@ class _FixedMasks:
 
     plan = None
 
-    def __init__(self, masks: dict, bias: bool):
-        self.masks, self.config = masks, DASAConfig(bias=bias)
+    def __init__(self, masks: dict, bias: bool, first_whole: bool = True):
+        self.masks, self.config, self.first_whole = masks, DASAConfig(bias=bias), first_whole
 
     def keep_plan(self, frames, tokens_per_frame, device):
-        masks = [None] + [self.masks.get(f) for f in frames[1:]]
+        masks = [self.masks.get(f) for f in frames]
+        if self.first_whole:
+            masks[0] = None
         return keep_plan(masks, frames[0], tokens_per_frame, self.config.bias).to(device)
 
 
-def _chunked(tr, x, text, chunks, cache_config, masks=None, bias=True):
+def _chunked(tr, x, text, chunks, cache_config, masks=None, bias=True, first_whole=True):
     """Each chunk's output, chunk after chunk against the cache (DASA's processor when ``masks`` are given)."""
     state = make_causal(tr, cache_config)
     try:
         if masks is not None:
-            run = _FixedMasks(masks, bias)
+            run = _FixedMasks(masks, bias, first_whole)
             for block, cache in zip(tr.blocks, state.caches, strict=True):
                 block.attn1.set_processor(DASASelfAttention(state, cache, run))
         outs = []
@@ -119,6 +121,59 @@ def test_biased_compressed_cache_equals_dense_attention_on_exact_duplicates(ar):
     assert (unbiased[2] - want[2]).abs().max() > 1e-3  # dropping duplicates without the bias changes the output
 
 
+def _duplicates_video(tr, seed: int = 1):
+    """7 latent frames of 4x4 tokens whose 12 static places hold the same latent in every frame, and a text."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, tr.config.in_channels, 7, 8, 8, generator=g)
+    text = torch.randn(1, 8, tr.config.text_dim, generator=g)
+    static = torch.ones(4, 4, dtype=torch.bool)
+    static[1:3, 1:3] = False
+    pixels = static.repeat_interleave(2, 0).repeat_interleave(2, 1)
+    x[:, :, :, pixels] = x[:, :, :1, pixels]
+    return x, text, static
+
+
+@torch.no_grad()
+def test_a_compressed_first_frame_stands_on_cached_tokens(ar):
+    """anchor_every=0: after the first (whole) chunk every frame keeps its dynamic places only, first frames too; a
+    static place leans on the latest cached token there (the sink's, here), whose span and bias grow across chunks.
+    With one block that is the dense output exactly; deeper, a static token's keys in another chunk are no longer
+    exact duplicates (its context, the chunk's dynamic tokens, differs), and the error stays a few percent of
+    dropping them without the bias. A cache with no token at a dropped place refuses rather than attend to nothing."""
+    chunks = [(0, 1), (1, 2), (3, 2), (5, 2)]
+    config = KVCacheConfig(sink_frames=1, window_frames=4)
+    errors = {}
+    for blocks in (1, None):
+        tr = copy.deepcopy(ar.transformer)
+        tr.blocks = tr.blocks[:blocks]
+        t_dim = tr.rope.t_dim
+        tr.rope.freqs_cos[:, :t_dim] = 1.0  # no temporal phase: duplicates stay duplicates after RoPE
+        tr.rope.freqs_sin[:, :t_dim] = 0.0
+        x, text, static = _duplicates_video(tr)
+        masks = {f: ~static.flatten() for f in range(1, 7)}
+        want, _ = _chunked(tr, x, text, chunks, config)
+        for bias in (True, False):
+            got, caches = _chunked(tr, x, text, chunks, config, masks, bias=bias, first_whole=False)
+            errors[blocks, bias] = max(float((o - w).abs().max()) for o, w in zip(got, want, strict=True))
+    assert errors[1, True] < 1e-5 < 1e-3 < errors[1, False]
+    assert errors[None, True] < 0.1 * errors[None, False]
+    _, caches = _chunked(tr, x, text, chunks, config, masks, first_whole=False)
+    c = caches[0]
+    assert c.frames == [0, 4, 5, 6]
+    assert c.k.shape[1] == 16 + 3 * 4  # the sink whole and the window's dynamic places: 28 of 64 tokens
+    counts = c.bias.exp().round().int()
+    assert counts[:16].tolist() == torch.where(static.flatten(), 4, 1).tolist()  # a static sink token: 4 frames
+    assert counts[16:].tolist() == [1] * 12
+    _, anchored = _chunked(tr, x, text, chunks, config, masks)
+    assert anchored[0].k.shape[1] == 16 + 12 + 4 + 16 + 4  # an anchor in every chunk (the default)
+    cache = copy.deepcopy(c)
+    cache.token_pos = cache.token_pos[12:]  # (as if the static places' tokens were gone)
+    cache.token_frames, cache.token_last = cache.token_frames[12:], cache.token_last[12:]
+    with pytest.raises(ValueError, match="no cached token"):
+        cache.append(c.k[:, :4], c.v[:, :4], [7], torch.full((4,), 7), torch.full((4,), 7),
+                     torch.tensor([5, 6, 9, 10]), torch.tensor([0]), torch.tensor([7]))
+
+
 def test_keep_plan_spans_and_representatives():
     """A dropped token is represented by the latest kept token at its place; its span grows to cover it."""
     m1 = torch.tensor([True, False, False, True])
@@ -129,8 +184,14 @@ def test_keep_plan_spans_and_representatives():
     assert plan.token_last.tolist() == [10, 11, 12, 10, 12, 11, 12, 12]
     assert plan.token_pos.tolist() == [0, 1, 2, 3, 0, 3, 1, 3]
     assert keep_plan([None, m1, m2], 10, 4, bias=False).token_last.tolist() == [10, 10, 10, 10, 11, 11, 12, 12]
-    with pytest.raises(ValueError, match="kept whole"):
-        keep_plan([m1], 0, 4)
+    assert plan.carried_pos.numel() == 0
+    # A compressed first frame (anchor_every != 1): places dropped before the chunk kept a token there lean on the
+    # cache, up to the last frame they stay dropped; place 2 is dropped in both frames, place 1 only in the first.
+    plan = keep_plan([m1, m2], 20, 4)
+    assert plan.index.tolist() == [0, 3, 5, 7]
+    assert plan.token_last.tolist() == [21, 20, 21, 21]
+    assert plan.carried_pos.tolist() == [1, 2] and plan.carried_last.tolist() == [20, 21]
+    assert keep_plan([m1, m2], 20, 4, bias=False).carried_pos.numel() == 0
 
 
 def _sequence(values: list[float], size: int = 8) -> list[torch.Tensor]:
@@ -238,6 +299,15 @@ def test_eviction_keeps_the_sink_and_the_kv_cache_shrinks(ar, dense):
     # every later frame keeps 5 of 16 tokens: a window of sink + 2 chunks of (16 + 5) tokens, of 5 * 16
     assert stats["kv_ratio"] == pytest.approx((16 + 2 * 21) / 80)
     assert [c["kept_share"] for c in stats["chunks"]] == [1.0] + [21 / 32] * 4
+    # anchor_every=2: every other chunk's first frame is compressed too; 0: every first frame after the first chunk.
+    # The cached token that stands for a static place survives eviction while its span reaches into the window
+    # (after the 4-frame window here, 11 anchor tokens of frame 3 for frames 5-6, or older tokens for anchor_every=0)
+    ratios = {1: stats["kv_ratio"]}
+    for anchor_every, shares in ((2, [1.0, 10 / 32, 21 / 32, 10 / 32, 21 / 32]), (0, [1.0] + [10 / 32] * 4)):
+        _, stats = _run(ar, DASAConfig(**COMPRESS, compute="none", anchor_every=anchor_every))
+        assert [c["kept_share"] for c in stats["chunks"]] == shares
+        ratios[anchor_every] = stats["kv_ratio"]
+    assert ratios[0] < ratios[2] == ratios[1] == pytest.approx((16 + 2 * 21) / 80)
 
 
 @torch.no_grad()
@@ -292,6 +362,10 @@ def test_a_prompt_switch_keeps_its_chunk_whole_and_recaches_the_compressed_windo
     assert [c["keyframe"] for c in chunks] == [True, False, False, True, False]
     assert chunks[3]["kept_share"] == 1.0 and chunks[3]["static_share"] == 0.0
     assert out.chunk_stats[-1].cached_frames == [0, 5, 6, 7, 8]
+    # with compressed first frames the re-cached window's first run is whole (nothing cached stands for it)
+    out, stats = _run(ar, DASAConfig(**COMPRESS, anchor_every=0), prompt=[(0, "a red circle"), (3, "a blue square")])
+    assert [c["keyframe"] for c in stats["chunks"]] == [True, False, False, True, False]
+    assert torch.isfinite(out.frames).all() and stats["kv_bytes"] < stats["dense_kv_bytes"]
 
 
 @torch.no_grad()
@@ -317,7 +391,8 @@ def test_bad_settings_and_pipelines_are_refused_with_the_valid_values():
                           ("dasa:scene_jump=0.5", "scene_jump must be above 1"), ("dasa:refresh=0", "refresh"),
                           ("dasa:static_share=2", "static_share"), ("dasa:tile=24", "power of two"),
                           ("dasa:backend=cuda", "backend must be one of auto, flex, triton, dense"),
-                          ("dasa:speed=2", "Valid keys: backend, bias, compute")):
+                          ("dasa:anchor_every=-1", "anchor_every must be 0"),
+                          ("dasa:speed=2", "Valid keys: anchor_every, backend, bias, compute")):
         with pytest.raises(ConfigError, match=message):
             parse_spec(spec, kind="attention")
     acc, config = parse_spec("dasa:keep=0.3,compute=sparse", kind="attention")

@@ -28,7 +28,8 @@ class DASAConfig:
 
     Attributes:
         keep: dynamic share of each later frame of a chunk, the budget of tokens that enter the dynamic set (the
-            chunk's first frame, its anchor, is always kept whole); 1.0 keeps everything (the dense pipeline).
+            chunk's first frame, its anchor, is kept whole: see ``anchor_every``); 1.0 keeps everything (the dense
+            pipeline).
         threshold: instead of the budget, tokens whose pooled latent difference (normalised latents, mean absolute
             difference over channels) reaches this value enter the dynamic set (None = use ``keep``).
         ema: weight of the past in the exponential moving average of each token's score over frames, in [0, 1).
@@ -37,6 +38,11 @@ class DASAConfig:
         dilate: side of the max-filter on the token grid that keeps motion edges dynamic (odd; 1 = none).
         scene_jump: a frame whose mean difference exceeds this many times its running mean is a scene change: the
             chunk is kept whole and computed fully, and the dynamics restart (None = no scene detection).
+        anchor_every: the first frame of every ``anchor_every``-th chunk after a keyframe is kept whole (1: every
+            chunk, the reading of section 4.1); in the other chunks it is compressed like the later frames, its
+            dropped places standing on the latest cached token at the same place (0: only keyframes are whole).
+            With 2-frame chunks an anchor in every chunk keeps at least half of the cache; fewer anchors lean on
+            older tokens for static places, which drift if the background changes slowly.
         select: ``dynamics`` (DASA), or a peer at the same budget for comparisons: ``uniform`` (evenly strided) or
             ``random`` token dropping, ``keep`` of each frame, no smoothing (the static set for ``compute`` is then
             the tokens not selected).
@@ -62,6 +68,7 @@ class DASAConfig:
     low: float = 0.5
     dilate: int = 3
     scene_jump: float | None = 3.0
+    anchor_every: int = 1
     select: str = "dynamics"
     bias: bool = True
     compute: str = "reuse"
@@ -82,6 +89,8 @@ class DASAConfig:
             (self.dilate >= 1 and self.dilate % 2 == 1, f"dilate must be an odd size of 1 or more; got {self.dilate}"),
             (self.scene_jump is None or self.scene_jump > 1,
              f"scene_jump must be above 1 (a jump of the mean difference), or none; got {self.scene_jump}"),
+            (self.anchor_every >= 0,
+             f"anchor_every must be 0 (keyframes only) or more (an anchor every N chunks); got {self.anchor_every}"),
             (self.select in SELECTIONS, f"select must be one of {', '.join(SELECTIONS)}; got {self.select!r}"),
             (self.compute in COMPUTE_MODES, f"compute must be one of {', '.join(COMPUTE_MODES)}; got {self.compute!r}"),
             (self.refresh >= 1, f"refresh must be 1 or more (steps between static refreshes); got {self.refresh}"),

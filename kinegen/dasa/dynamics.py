@@ -72,15 +72,17 @@ class DynamicsTracker:
     """
 
     def __init__(self, keep: float, threshold: float | None, ema: float, low: float, dilate_size: int,
-                 scene_jump: float | None, select: str = "dynamics"):
+                 scene_jump: float | None, select: str = "dynamics", anchor_every: int = 1):
         self.keep, self.threshold, self.ema, self.low = keep, threshold, ema, low
         self.dilate_size, self.scene_jump, self.select = dilate_size, scene_jump, select
+        self.anchor_every = anchor_every
         self.frames_seen = 0  # seeds the random selection
         self.keyframes = 0
         self.scene_changes = 0
         self.reset()
 
     def reset(self) -> None:
+        self.since_keyframe = 0  # chunks committed since the last keyframe
         self.dynamic: torch.Tensor | None = None
         self.smooth: torch.Tensor | None = None
         self.mean_diff: float | None = None
@@ -89,8 +91,8 @@ class DynamicsTracker:
     def update(self, latents: torch.Tensor, previous: torch.Tensor | None, patch: tuple[int, int],
                force_keyframe: bool = False) -> list[torch.Tensor | None]:
         """A committed chunk's clean latents ``[B, C, F, h, w]`` -> per frame, the flat ``[H' * W']`` bool mask of
-        tokens to keep in the KV cache, or None for the whole frame (its first frame, and every frame of a
-        keyframe: the video's first chunk, ``force_keyframe`` (a prompt switch), a scene change)."""
+        tokens to keep in the KV cache, or None for the whole frame (its first frame in an anchor chunk, and every
+        frame of a keyframe: the video's first chunk, ``force_keyframe`` (a prompt switch), a scene change)."""
         frames = latents.shape[2]
         if previous is None or force_keyframe:
             return self._keyframe(frames)
@@ -109,7 +111,14 @@ class DynamicsTracker:
             if not bool(self.dynamic.any()):  # a still frame under a threshold: keep its strongest token
                 self.dynamic.view(-1)[self.smooth.argmax()] = True
             masks.append(self.dynamic.flatten().clone())
-        masks[0] = None  # the anchor frame is kept whole
+        return self._anchored(masks)
+
+    def _anchored(self, masks: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """Keep the chunk's first frame whole when the chunk is an anchor: every ``anchor_every``-th chunk after a
+        keyframe (1: every chunk; 0: none, a first frame is then compressed like the rest)."""
+        self.since_keyframe += 1
+        if self.anchor_every and self.since_keyframe % self.anchor_every == 0:
+            masks[0] = None
         self.keyframe = False
         return masks
 
@@ -129,9 +138,7 @@ class DynamicsTracker:
             self.frames_seen += 1
             masks.append(mask.to(scores.device))
         self.dynamic = masks[-1].view_as(scores[0])
-        masks[0] = None
-        self.keyframe = False
-        return masks
+        return self._anchored(masks)
 
     def _scene_change(self, means: list[float]) -> bool:
         """Whether a frame's mean difference jumps above ``scene_jump`` times the running mean (updated here)."""

@@ -4,7 +4,8 @@ It changes three steps of :class:`kinegen.pipelines.causal_wan.CausalWanSelfAtte
 (projections, RoPE, the cache's bias mask, the output projection):
 
 - **commit**: the cache keeps only the chunk's :class:`~kinegen.dasa.kv.KeepPlan` (the anchor frame whole, then
-  the dynamic tokens) with per-token frames and spans, from which it derives the bias (section 4.1);
+  the dynamic tokens; a compressed first frame extends the spans of cached tokens) with per-token frames and spans,
+  from which it derives the bias (section 4.1);
 - **skipped tokens** (``compute=reuse`` or ``steps``): when a forward computes only the dynamic tokens, this layer's
   queries are theirs, and the chunk's keys and values are those this layer computed for every token at its last full
   forward with the dynamic tokens' fresh ones written in (section 4.2, option 1);
@@ -62,5 +63,5 @@ class DASASelfAttention(CausalWanSelfAttention):
         frames = list(range(s.frame_offset, s.frame_offset + k.shape[1] // s.tokens_per_frame))
         keep = self.run.keep_plan(frames, s.tokens_per_frame, k.device)
         self.cache.append(k.index_select(1, keep.index).detach(), v.index_select(1, keep.index).detach(), frames,
-                          keep.token_frames, keep.token_last, keep.token_pos)
+                          keep.token_frames, keep.token_last, keep.token_pos, keep.carried_pos, keep.carried_last)
         self.cache.evict(s.cache_config, s.tokens_per_frame)

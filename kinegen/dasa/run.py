@@ -89,7 +89,8 @@ class DASARun:
 
         c = self.config
         self.pipe, self.state = pipe, state
-        self.tracker = DynamicsTracker(c.keep, c.threshold, c.ema, c.low, c.dilate, c.scene_jump, c.select)
+        self.tracker = DynamicsTracker(c.keep, c.threshold, c.ema, c.low, c.dilate, c.scene_jump, c.select,
+                                       c.anchor_every)
         self.frame_masks: dict[int, torch.Tensor | None] = {}
         self.previous: torch.Tensor | None = None
         self.chunk: _Chunk | None = None
@@ -149,7 +150,8 @@ class DASARun:
         key = (tuple(frames), tokens_per_frame)
         if self._keep_cache is None or self._keep_cache[0] != key:
             masks = [self.frame_masks.get(f) for f in frames]
-            masks[0] = None  # a commit's first frame is whole (a re-cached run may start inside a chunk)
+            if not self.state.caches[0].frames:  # nothing cached can stand for its dropped places (the first
+                masks[0] = None                   # chunk, or the first run re-cached after a prompt switch)
             self._keep_cache = (key, keep_plan(masks, frames[0], tokens_per_frame, self.config.bias).to(device))
         return self._keep_cache[1]
 

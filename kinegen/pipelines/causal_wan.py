@@ -76,14 +76,19 @@ class LayerKVCache:
         self.bias: torch.Tensor | None = None
 
     def append(self, k: torch.Tensor, v: torch.Tensor, frames: list[int], token_frames: torch.Tensor | None = None,
-               token_last: torch.Tensor | None = None, token_pos: torch.Tensor | None = None) -> None:
-        """Add committed keys and values: whole ``frames``, or (with per-token metadata) any tokens of them."""
+               token_last: torch.Tensor | None = None, token_pos: torch.Tensor | None = None,
+               carried_pos: torch.Tensor | None = None, carried_last: torch.Tensor | None = None) -> None:
+        """Add committed keys and values: whole ``frames``, or (with per-token metadata) any tokens of them.
+        ``carried_pos``: places of the new frames that no new token stands for; the latest cached token at each
+        stands for them, up to frame ``carried_last`` (a compressed first frame, docs/dasa.md)."""
         if token_frames is not None or self.token_frames is not None:
             if token_frames is None:
                 token_frames, token_last, token_pos = _whole_frames(k.shape[1], frames, k.device)
             if self.token_frames is None and self.k is not None:  # the whole frames before become tokens too
                 self.token_frames, self.token_last, self.token_pos = _whole_frames(self.k.shape[1], self.frames,
                                                                                    k.device)
+            if carried_pos is not None and len(carried_pos):
+                self._extend_spans(carried_pos.to(k.device), carried_last.to(k.device))
             cat = (lambda a, b: b if a is None else torch.cat([a, b]))
             if self.token_weight is not None:  # new tokens each stand for one place
                 self.token_weight = cat(self.token_weight, torch.ones(len(token_frames), device=k.device))
@@ -114,6 +119,17 @@ class LayerKVCache:
         self.k, self.v = self.k.index_select(1, idx), self.v.index_select(1, idx)
         self.frames = [self.frames[i] for i in keep]
         self._rebias()
+
+    def _extend_spans(self, places: torch.Tensor, last: torch.Tensor) -> None:
+        """The latest cached token at each of ``places`` (tokens are in frame order: the last one there) now stands
+        for the frames up to ``last`` too."""
+        if self.token_pos is None or self.token_weight is not None:
+            raise ValueError("only a cache of whole or DASA-compressed frames can stand for a compressed first frame")
+        latest = torch.full((int(self.token_pos.max()) + 1,), -1, dtype=torch.long, device=self.token_pos.device)
+        latest.scatter_reduce_(0, self.token_pos, torch.arange(len(self.token_pos), device=latest.device), "amax")
+        if int(places.max()) >= len(latest) or bool((latest[places] < 0).any()):
+            raise ValueError("a compressed first frame drops a place that no cached token stands for")
+        self.token_last[latest[places]] = torch.maximum(self.token_last[latest[places]], last)
 
     def _represented(self, frames: list[int]) -> torch.Tensor:
         """Per token: how many of ``frames`` (sorted) lie in the span of frames it stands for."""
