@@ -224,17 +224,18 @@ def cmd_sweep(args) -> dict:
     steps, guidance, size = args.steps or spec.steps, spec.guidance, spec.height
     classifier = load_classifier()
     records = []
-    for i, (prompt, truth) in enumerate(adherence_prompts(args.prompts, args.split, seed=1)):
+    prompts = adherence_prompts(args.skip + args.prompts, args.split, seed=1)
+    for i, (prompt, truth) in enumerate(prompts[args.skip:], start=args.skip):
         names = ["dense", *settings]
         names = names[i % len(names):] + names[:i % len(names)]
         runs = {}
         for name in names:
             runs[name] = rollout(pipe, prompt, i, args.frames, steps, guidance, size, settings.get(name))
-            print(f"  {i + 1}/{args.prompts} {name}: {runs[name]['seconds']:.0f} s", flush=True)
+            print(f"  prompt {i + 1} {name}: {runs[name]['seconds']:.0f} s", flush=True)
         rows = [summarise(name, runs[name], runs["dense"], truth, classifier) for name in ["dense", *settings]]
         for r in rows:
             r["computed_share"] = r["stats"].get("computed_share", 1.0)
-            print(f"{i + 1}/{args.prompts} {r['setting']:>18}: transformer x{r['transformer_speedup']:.2f}, kv "
+            print(f"prompt {i + 1} {r['setting']:>18}: transformer x{r['transformer_speedup']:.2f}, kv "
                   f"{r['kv_ratio']:.0%} / {r['kv_ratio_max']:.0%}, {r['psnr_db']:.1f} dB, computed "
                   f"{r['computed_share']:.2f}", flush=True)
         records.append({"prompt": prompt, "truth": truth, "seed": i, "settings": rows})
@@ -246,8 +247,9 @@ def cmd_sweep(args) -> dict:
             "computed_share")}
         table[name]["right"] = {a: float(np.mean([w[a] for r in rows for w in r["windows"]]))
                                 for a in ("shape", "colour", "motion")}
-    return {"model": args.model, "split": args.split, "prompts": args.prompts, "frames": args.frames,
-            "steps": steps, "guidance": guidance, "size": size, "settings": settings, "table": table,
+    return {"model": args.model, "split": args.split, "prompts": args.prompts, "skip": args.skip,
+            "frames": args.frames, "steps": steps, "guidance": guidance, "size": size, "settings": settings,
+            "table": table,
             "videos": records}
 
 
@@ -329,6 +331,7 @@ def main(argv=None) -> int:
     w.add_argument("--model", default="kinegen-shapes-ar")
     w.add_argument("--split", default="held_out", choices=["train", "held_out"])
     w.add_argument("--prompts", type=int, default=1)
+    w.add_argument("--skip", type=int, default=0, help="start after this many prompts of the split")
     w.add_argument("--frames", type=int, default=241)
     w.add_argument("--steps", type=int, default=None, help="denoising steps per chunk (default: the model's)")
     w.add_argument("--setting", action="append", required=True, metavar="NAME=SETTINGS",
