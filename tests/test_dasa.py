@@ -85,6 +85,19 @@ def _chunked(tr, x, text, chunks, cache_config, masks=None, bias=True, first_who
         state.remove()
 
 
+def _duplicates_video(tr, seed: int = 1):
+    """7 latent frames of 4x4 tokens (4 dynamic places, 12 static ones holding the same latent in every frame) and a
+    text."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, tr.config.in_channels, 7, 8, 8, generator=g)
+    text = torch.randn(1, 8, tr.config.text_dim, generator=g)
+    static = torch.ones(4, 4, dtype=torch.bool)
+    static[1:3, 1:3] = False
+    pixels = static.repeat_interleave(2, 0).repeat_interleave(2, 1)
+    x[:, :, :, pixels] = x[:, :, :1, pixels]
+    return x, text, static
+
+
 @torch.no_grad()
 def test_biased_compressed_cache_equals_dense_attention_on_exact_duplicates(ar):
     """Static places identical in every frame and RoPE without its temporal phase: within a chunk their keys and
@@ -94,13 +107,7 @@ def test_biased_compressed_cache_equals_dense_attention_on_exact_duplicates(ar):
     t_dim = tr.rope.t_dim
     tr.rope.freqs_cos[:, :t_dim] = 1.0  # no temporal phase: duplicates stay duplicates after RoPE
     tr.rope.freqs_sin[:, :t_dim] = 0.0
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(1, tr.config.in_channels, 7, 8, 8, generator=g)  # 4x4 tokens a frame
-    text = torch.randn(1, 8, tr.config.text_dim, generator=g)
-    static = torch.ones(4, 4, dtype=torch.bool)
-    static[1:3, 1:3] = False  # 4 dynamic places, 12 static
-    pixels = static.repeat_interleave(2, 0).repeat_interleave(2, 1)
-    x[:, :, :, pixels] = x[:, :, :1, pixels]  # static places: the same latent in every frame
+    x, text, static = _duplicates_video(tr, seed=0)
     chunks = [(0, 1), (1, 2), (3, 2), (5, 2)]
     config = KVCacheConfig(sink_frames=1, window_frames=4)
     masks = {f: ~static.flatten() for f in range(7)}  # later frames keep their dynamic places only
@@ -119,18 +126,6 @@ def test_biased_compressed_cache_equals_dense_attention_on_exact_duplicates(ar):
     assert sorted(set(c.bias.exp().round().int().tolist())) == [1, 2]
     unbiased, _ = _chunked(tr, x, text, chunks, config, masks, bias=False)
     assert (unbiased[2] - want[2]).abs().max() > 1e-3  # dropping duplicates without the bias changes the output
-
-
-def _duplicates_video(tr, seed: int = 1):
-    """7 latent frames of 4x4 tokens whose 12 static places hold the same latent in every frame, and a text."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(1, tr.config.in_channels, 7, 8, 8, generator=g)
-    text = torch.randn(1, 8, tr.config.text_dim, generator=g)
-    static = torch.ones(4, 4, dtype=torch.bool)
-    static[1:3, 1:3] = False
-    pixels = static.repeat_interleave(2, 0).repeat_interleave(2, 1)
-    x[:, :, :, pixels] = x[:, :, :1, pixels]
-    return x, text, static
 
 
 @torch.no_grad()
