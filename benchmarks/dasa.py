@@ -146,6 +146,18 @@ def summarise(name: str, run: dict, dense: dict, truth: dict, classifier) -> dic
     return out
 
 
+def pooled(records: list[dict], names, keys) -> dict:
+    """Per setting: the mean of each of ``keys`` over the videos, and the share of all their windows right on each
+    attribute."""
+    table = {}
+    for name in names:
+        rows = [next(r for r in rec["settings"] if r["setting"] == name) for rec in records]
+        table[name] = {k: float(np.mean([r[k] for r in rows])) for k in keys}
+        table[name]["right"] = {a: float(np.mean([w[a] for r in rows for w in r["windows"]]))
+                                for a in ("shape", "colour", "motion")}
+    return table
+
+
 def cmd_rollouts(args) -> dict:
     import kinegen
     from kinegen.dasa.peers import FarHistoryPooling
@@ -194,14 +206,8 @@ def cmd_rollouts(args) -> dict:
         records.append({"prompt": prompt, "truth": truth, "seed": i, "matched_keep": keep, "matched_window": window,
                         "matched_near": near, "settings": rows})
     names = [r["setting"] for r in records[0]["settings"]]
-    table = {}
-    for name in names:
-        rows = [next(r for r in rec["settings"] if r["setting"] == name) for rec in records]
-        table[name] = {k: float(np.mean([r[k] for r in rows])) for k in (
-            "transformer_speedup", "end_to_end_speedup", "transformer_s_per_chunk", "seconds", "kv_ratio",
-            "kv_ratio_max", "peak_rss_mib", "psnr_db", "ssim")}
-        table[name]["right"] = {a: float(np.mean([w[a] for r in rows for w in r["windows"]]))
-                                for a in ("shape", "colour", "motion")}
+    table = pooled(records, names, ("transformer_speedup", "end_to_end_speedup", "transformer_s_per_chunk", "seconds",
+                                    "kv_ratio", "kv_ratio_max", "peak_rss_mib", "psnr_db", "ssim"))
     settings = {**DASA_SETTINGS, "uniform": "select=uniform,keep=<matched>,compute=none",
                 "random": "select=random,keep=<matched>,compute=none", "window": "dense, window_frames=<matched>",
                 "far-pool": "dense, frames older than <matched> recent ones pooled 2x2 (kinegen.dasa.peers)"}
@@ -239,14 +245,8 @@ def cmd_sweep(args) -> dict:
                   f"{r['kv_ratio']:.0%} / {r['kv_ratio_max']:.0%}, {r['psnr_db']:.1f} dB, computed "
                   f"{r['computed_share']:.2f}", flush=True)
         records.append({"prompt": prompt, "truth": truth, "seed": i, "settings": rows})
-    table = {}
-    for name in ["dense", *settings]:
-        rows = [next(r for r in rec["settings"] if r["setting"] == name) for rec in records]
-        table[name] = {k: float(np.mean([r[k] for r in rows])) for k in (
-            "transformer_speedup", "end_to_end_speedup", "kv_ratio", "kv_ratio_max", "psnr_db", "ssim",
-            "computed_share")}
-        table[name]["right"] = {a: float(np.mean([w[a] for r in rows for w in r["windows"]]))
-                                for a in ("shape", "colour", "motion")}
+    table = pooled(records, ["dense", *settings], ("transformer_speedup", "end_to_end_speedup", "kv_ratio",
+                                                   "kv_ratio_max", "psnr_db", "ssim", "computed_share"))
     return {"model": args.model, "split": args.split, "prompts": args.prompts, "skip": args.skip,
             "frames": args.frames, "steps": steps, "guidance": guidance, "size": size, "settings": settings,
             "table": table,
