@@ -249,8 +249,7 @@ def cmd_sweep(args) -> dict:
                                                    "kv_ratio_max", "psnr_db", "ssim", "computed_share"))
     return {"model": args.model, "split": args.split, "prompts": args.prompts, "skip": args.skip,
             "frames": args.frames, "steps": steps, "guidance": guidance, "size": size, "settings": settings,
-            "table": table,
-            "videos": records}
+            "table": table, "videos": records}
 
 
 def cmd_masks(args) -> dict:
@@ -262,6 +261,7 @@ def cmd_masks(args) -> dict:
     from kinegen.dasa.dynamics import DynamicsTracker
     from kinegen.data.shapes import render_long_clip, render_long_mask, sample_clip
     from kinegen.pipelines.wan_ar import chunk_partition
+    from kinegen.training.dasa import _dasa_config
     from kinegen.training.vae import to_tensor
 
     pipe = kinegen.load_pipeline(args.model)
@@ -270,8 +270,6 @@ def cmd_masks(args) -> dict:
     cell = pipe.vae_scale_factor_spatial * patch[0]
     mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
     std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
-    from kinegen.training.dasa import _dasa_config
-
     c = _dasa_config(args.dasa, DASAConfig)
     results = {"dynamics": [], "uniform": [], "random": []}
     for j in range(args.clips):

@@ -3,9 +3,9 @@ benchmarks/gan.md "Backgrounds").
 
 ``gan_discriminator_backgrounds.py`` compares D's scores of finished images; G moves by D's *gradient* at the images
 G draws. Here, for images from the run's generator (the one being trained, not its EMA; classes balanced, the latents
-of seed 7), the input gradient
-``g = d D(x, y) / d x`` is projected on the data's background patterns (``texture_mask``: checkered, striped), each
-zero-mean, in all three channels alike (the textures shift brightness) and scaled to the data's amplitude:
+of seed 7), the input gradient ``g = d D(x, y) / d x`` is projected on the data's background patterns
+(``texture_mask``: checkered, striped), each zero-mean, in all three channels alike (the textures shift brightness)
+and scaled to the data's amplitude:
 
 - ``at the data's place``: the pattern where the data draw it. ``<g, delta>`` is the first-order change of D's score
   if G added the data's texture to the image: positive when D's gradient asks for it;
@@ -43,7 +43,9 @@ def pattern(texture: str, size: int, dy: int = 0, dx: int = 0) -> torch.Tensor:
 
 
 def period(texture: str, size: int) -> int:
-    return 2 * max(2, size // 8) if texture == "checkered" else 2 * max(2, size // 10)
+    """The pattern's period in pixels, read off ``texture_mask`` itself (the smallest shift that repeats it)."""
+    base = texture_mask(texture, size, size)
+    return next(n for n in range(1, size) if np.array_equal(texture_mask(texture, size, size, 0, n), base))
 
 
 def load_run(run: Path):
@@ -107,5 +109,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    np.set_printoptions(precision=3)
     main()
