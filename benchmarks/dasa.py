@@ -27,7 +27,7 @@ pooled 2x2, :mod:`kinegen.dasa.peers`, with as many recent frames kept whole as 
 ``--distilled``, the distilled model with DASA ``reuse``.
 
 ``sweep``: dense and any named DASA settings (``--setting NAME=SETTINGS``, repeatable) on the same prompts, the
-same measures as ``rollouts`` without the peers.
+same measures as ``rollouts`` without the peers; with ``--distilled``, each setting also on the distilled model.
 
 ``masks``: procedural long videos (held-out seeds) encoded with the model's VAE and cut into the pipeline's chunks;
 DASA's dynamics tracker reads them as the pipeline would at each commit. Ground truth per token and latent frame:
@@ -226,30 +226,35 @@ def cmd_sweep(args) -> dict:
     settings = dict(s.split("=", 1) for s in args.setting)
     pipe = kinegen.load_pipeline(args.model)
     pipe.set_progress_bar_config(disable=True)
+    jobs = {"dense": (pipe, None), **{name: (pipe, spec) for name, spec in settings.items()}}
+    if args.distilled:
+        distilled = kinegen.load_pipeline(args.distilled)
+        distilled.set_progress_bar_config(disable=True)
+        jobs.update({f"distilled-{name}": (distilled, spec) for name, spec in settings.items()})
     spec = pipe.kinegen_spec
     steps, guidance, size = args.steps or spec.steps, spec.guidance, spec.height
     classifier = load_classifier()
     records = []
     prompts = adherence_prompts(args.skip + args.prompts, args.split, seed=1)
     for i, (prompt, truth) in enumerate(prompts[args.skip:], start=args.skip):
-        names = ["dense", *settings]
+        names = list(jobs)
         names = names[i % len(names):] + names[:i % len(names)]
         runs = {}
         for name in names:
-            runs[name] = rollout(pipe, prompt, i, args.frames, steps, guidance, size, settings.get(name))
+            runs[name] = rollout(jobs[name][0], prompt, i, args.frames, steps, guidance, size, jobs[name][1])
             print(f"  prompt {i + 1} {name}: {runs[name]['seconds']:.0f} s", flush=True)
-        rows = [summarise(name, runs[name], runs["dense"], truth, classifier) for name in ["dense", *settings]]
+        rows = [summarise(name, runs[name], runs["dense"], truth, classifier) for name in jobs]
         for r in rows:
             r["computed_share"] = r["stats"].get("computed_share", 1.0)
             print(f"prompt {i + 1} {r['setting']:>18}: transformer x{r['transformer_speedup']:.2f}, kv "
                   f"{r['kv_ratio']:.0%} / {r['kv_ratio_max']:.0%}, {r['psnr_db']:.1f} dB, computed "
                   f"{r['computed_share']:.2f}", flush=True)
         records.append({"prompt": prompt, "truth": truth, "seed": i, "settings": rows})
-    table = pooled(records, ["dense", *settings], ("transformer_speedup", "end_to_end_speedup", "kv_ratio",
-                                                   "kv_ratio_max", "psnr_db", "ssim", "computed_share"))
-    return {"model": args.model, "split": args.split, "prompts": args.prompts, "skip": args.skip,
-            "frames": args.frames, "steps": steps, "guidance": guidance, "size": size, "settings": settings,
-            "table": table, "videos": records}
+    table = pooled(records, list(jobs), ("transformer_speedup", "end_to_end_speedup", "kv_ratio", "kv_ratio_max",
+                                         "psnr_db", "ssim", "computed_share"))
+    return {"model": args.model, "distilled": args.distilled, "split": args.split, "prompts": args.prompts,
+            "skip": args.skip, "frames": args.frames, "steps": steps, "guidance": guidance, "size": size,
+            "settings": settings, "table": table, "videos": records}
 
 
 def cmd_masks(args) -> dict:
@@ -327,6 +332,8 @@ def main(argv=None) -> int:
     r.add_argument("--output", required=True)
     w = sub.add_parser("sweep", help="dense and DASA settings of your choice side by side (no peers)")
     w.add_argument("--model", default="kinegen-shapes-ar")
+    w.add_argument("--distilled", default=None, help="a `kinegen train dasa` export: every setting also runs on it "
+                   "(rows `distilled-NAME`, fidelity against --model's dense video)")
     w.add_argument("--split", default="held_out", choices=["train", "held_out"])
     w.add_argument("--prompts", type=int, default=1)
     w.add_argument("--skip", type=int, default=0, help="start after this many prompts of the split")

@@ -59,6 +59,47 @@ def test_cached_chunks_equal_one_block_causal_forward(wan):
     assert torch.equal(tr(x, t, text, return_dict=False)[0], dense)
 
 
+def test_the_prompt_is_projected_once_per_prompt_not_once_per_forward(wan):
+    """Under make_causal, forwards on the same prompt embeddings reuse the text embedder's and the cross-attention
+    key and value projections of the first: bit for bit what fresh projections give; a changed tensor, another one
+    or a forward with gradients computes them again; remove() takes the hooks off."""
+    from kinegen.pipelines.causal_wan import TEXT_MEMO
+
+    tr = wan.transformer
+    x, text, t = _inputs(tr, frames=2)
+    memo = lambda m: m._diffusers_hook.get_hook(TEXT_MEMO)  # noqa: E731
+    modules = [tr.condition_embedder.text_embedder, *(b.attn2.to_k for b in tr.blocks),
+               *(b.attn2.to_v for b in tr.blocks), *(b.attn2.norm_k for b in tr.blocks)]
+    state = make_causal(tr)
+    try:
+        with torch.no_grad():
+            fresh = [tr(x[:, :, i:i + 1], t, text.clone(), return_dict=False)[0] for i in range(2)]
+            assert all(memo(m).hits == 0 for m in modules)
+            same = [tr(x[:, :, i:i + 1], t, text, return_dict=False)[0] for i in range(2)]
+            assert all(torch.equal(a, b) for a, b in zip(fresh, same, strict=True))
+            assert all(memo(m).hits == 1 for m in modules)
+            text.mul_(2)  # changed in place: computed again
+            changed = tr(x[:, :, :1], t, text, return_dict=False)[0]
+            assert torch.equal(changed, tr(x[:, :, :1], t, text.clone(), return_dict=False)[0])
+            assert not torch.equal(changed, same[0])
+        tr.zero_grad()
+        tr(x[:, :, :1], t, text, return_dict=False)[0].square().mean().backward()  # gradients on: no memo
+        assert all(memo(m).hits == 1 for m in modules)
+        k = tr.blocks[0].attn2.to_k
+        assert k.weight.grad.abs().sum() > 0
+        with torch.no_grad():
+            before, saved = tr(x[:, :, :1], t, text, return_dict=False)[0], k.bias.clone()
+            k.bias.add_(0.5)  # an optimizer step: the weights changed, so the projections are computed again
+            after = tr(x[:, :, :1], t, text, return_dict=False)[0]
+            assert not torch.equal(before, after)
+            assert torch.equal(after, tr(x[:, :, :1], t, text.clone(), return_dict=False)[0])
+            k.bias.copy_(saved)
+    finally:
+        tr.zero_grad(set_to_none=True)
+        state.remove()
+    assert all(memo(m) is None for m in modules)
+
+
 @torch.no_grad()
 def test_an_interpolated_rope_runs_chunk_by_chunk_only_at_its_reference_size(wan):
     """Chunk by chunk the frames take Wan's integer positions; a transformer with position interpolation (a
