@@ -131,6 +131,7 @@ class GANTrainConfig:
     g_class_share: float = 1.0  # G's label-matching weight as a share of class_weight (1 = D's; 0 = D's side only)
     diversity_weight: float = 0.0  # diversity-sensitive term for G (two z per label); 0 = R3GAN's loss alone
     diversity_bound: float = 0.3  # its bound tau: image L1 per unit of latent L1 (the shapes data's own: 0.32)
+    spectrum_match: float = 0.0  # G's sliced-Wasserstein match of its batch's reduced spectra to the reals'; 0 = off
     separate_class_head: bool = False  # the label-matching term trains a classifier head of D's own, not the projection
     positional_channels: int = 0  # G's learned positional map per stage from 8x8 (Xu et al. 2021); 0 = off
     spectral_weight: float = 0.0  # weight of D's SSD-GAN classifier on the reduced spectrum (Chen et al. 2021); 0 = off

@@ -34,7 +34,7 @@ from ..models.mpgan import Discriminator, Generator, renormalize_
 from ..models.mpgan_config import MP_SWITCHES, GANConfig
 from .common import Progress, TimeBox, load_checkpoint
 from .configs import GAN_DEFAULT_LR, GANTrainConfig
-from .gan_loss import discriminator_loss, diversity_term, generator_loss
+from .gan_loss import discriminator_loss, diversity_term, generator_loss, spectrum_term
 from .phema import PowerEMA
 
 
@@ -304,6 +304,10 @@ def train_gan(run_dir: str | Path, cfg: GANTrainConfig) -> Path:
             div = diversity_term(fake, g(z2, labels), z, z2, cfg.diversity_bound)
             loss_g = loss_g - cfg.diversity_weight * div
             gstats["g_div"] = float(div.detach())
+        if cfg.spectrum_match:
+            spec = spectrum_term(fake, real, gen)
+            loss_g = loss_g + cfg.spectrum_match * spec
+            gstats["g_spec"] = float(spec.detach())
         opt_g.zero_grad(set_to_none=True)
         loss_g.backward()
         d.requires_grad_(True)

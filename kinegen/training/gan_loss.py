@@ -22,6 +22,16 @@ labels from two latents, bounded by ``tau``:
 A departure from R3GAN too, made because a conditional generator whose images of a class all share one
 background gets the same gradient for every z, and so no push to make z matter (docs/gan.md, "Training").
 
+With ``spectrum_match`` mu > 0, G also matches the spread of its batch's reduced spectra (SSD-GAN's log power per
+ring of spatial frequency) to the real batch's by a sliced Wasserstein distance (Deshpande et al., CVPR 2018):
+
+    L_G += mu SW2^2({s(G(z_i, y_i))}, {s(x_i)})
+
+The spectral regulariser of Durall et al. ("Watch your Up-Convolution", CVPR 2020, Sec. 4) pulls every image's
+spectrum towards the mean real one; on data where a sixth of the images carry a strong texture and the rest none,
+the mean asks every image for a faint one. Matching the batch's distribution instead asks some images for the
+whole texture and the rest for none (docs/gan.md, "Training"). A departure from R3GAN.
+
 The penalties are taken through a double backward (``create_graph=True``): detaching them would make
 them constant in D's parameters and remove their effect (brownvc/R3GAN#20).
 """
@@ -88,3 +98,22 @@ def generator_loss(d, real: torch.Tensor, fake: torch.Tensor, labels: torch.Tens
     cls = F.cross_entropy(every_fake, labels)
     stats["g_cls"] = float(cls.detach())
     return adv + class_weight * cls, stats
+
+
+def sliced_wasserstein(a: torch.Tensor, b: torch.Tensor, projections: int, gen: torch.Generator) -> torch.Tensor:
+    """Squared sliced 2-Wasserstein distance between the rows of ``a`` and ``b`` (``[N, d]`` each, same ``N``):
+    both sets projected on ``projections`` random unit directions, sorted, and compared rank by rank."""
+    dirs = F.normalize(torch.randn(a.shape[1], projections, generator=gen).to(a), dim=0)
+    pa, _ = (a @ dirs).sort(0)
+    pb, _ = (b @ dirs).sort(0)
+    return (pa - pb).square().mean()
+
+
+def spectrum_term(fake: torch.Tensor, real: torch.Tensor, gen: torch.Generator, projections: int = 64) -> torch.Tensor:
+    """The sliced Wasserstein distance between the reduced spectra of ``fake`` and ``real`` (a batch each). The
+    spectra are log powers, so rings of very different power weigh alike; they are not standardised per ring,
+    which would blow the sampling noise of rings where every image is alike up to the size of a texture's peak."""
+    from ..models.mpgan import reduced_spectrum
+
+    return sliced_wasserstein(reduced_spectrum(fake).float(), reduced_spectrum(real.detach()).float(), projections,
+                              gen)
