@@ -94,6 +94,13 @@ def test_the_prompt_is_projected_once_per_prompt_not_once_per_forward(wan):
             assert not torch.equal(before, after)
             assert torch.equal(after, tr(x[:, :, :1], t, text.clone(), return_dict=False)[0])
             k.bias.copy_(saved)
+            ref = tr(x[:, :, :1], t, text.clone(), return_dict=False)[0]
+        with torch.inference_mode():  # its tensors keep no version counter: computed every time, same numbers
+            hits = memo(modules[0]).hits
+            text_inf = text.clone()
+            assert torch.equal(tr(x[:, :, :1], t, text_inf, return_dict=False)[0], ref)
+            assert torch.equal(tr(x[:, :, :1], t, text_inf, return_dict=False)[0], ref)
+            assert memo(modules[0]).hits == hits
     finally:
         tr.zero_grad(set_to_none=True)
         state.remove()

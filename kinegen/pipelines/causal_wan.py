@@ -375,7 +375,8 @@ class _SameInput(ModelHook):
     the prompt changes), and each call projects them again: the text embedder, then every block's cross-attention
     keys and values and the keys' norm. Self-Forcing's causal Wan keeps these in a cross-attention cache; this hook
     does the same on the modules that compute them. It steps aside while gradients are on (a training forward must
-    reach the weights), and the input is held, so its id cannot be reused by another tensor."""
+    reach the weights) and for tensors made under ``torch.inference_mode`` (they keep no version counter, so a change
+    in place could not be seen); the input is held, so its id cannot be reused by another tensor."""
 
     def __init__(self):
         super().__init__()
@@ -386,8 +387,8 @@ class _SameInput(ModelHook):
 
     def new_forward(self, module, x, *args, **kwargs):
         forward = self.fn_ref.original_forward
-        if torch.is_grad_enabled() or args or kwargs or not isinstance(x, torch.Tensor):
-            return forward(x, *args, **kwargs)
+        if torch.is_grad_enabled() or args or kwargs or not isinstance(x, torch.Tensor) or x.is_inference():
+            return forward(x, *args, **kwargs)  # (a tensor made under inference_mode has no version counter)
         versions = (x._version, *(p._version for p in module.parameters()))
         if x is self.input and versions == self.versions:
             self.hits += 1
