@@ -8,6 +8,7 @@ seconds (denoising + commits) and whether the videos are identical.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from unittest import mock
@@ -40,18 +41,13 @@ def main() -> None:
     times = {"memo": [], "fresh": []}
     identical = True
     for r in range(args.repeats):
+        videos = {}
         for name in (["memo", "fresh"] if r % 2 == 0 else ["fresh", "memo"]):
-            if name == "fresh":
-                with mock.patch("kinegen.pipelines.causal_wan._memoise_text", lambda *a: None):
-                    t, video = rollout(pipe, args.frames, seed=r)
-            else:
-                t, video = rollout(pipe, args.frames, seed=r)
+            off = mock.patch("kinegen.pipelines.causal_wan._memoise_text", lambda *a: None)
+            with off if name == "fresh" else contextlib.nullcontext():
+                t, videos[name] = rollout(pipe, args.frames, seed=r)
             times[name].append(t)
-            if name == "memo":
-                memo_video = video
-            else:
-                fresh_video = video
-        identical &= bool(np.array_equal(memo_video, fresh_video))
+        identical &= bool(np.array_equal(videos["memo"], videos["fresh"]))
     out = {"command": f"python benchmarks/ar_text_memo.py --frames {args.frames} --repeats {args.repeats}",
            "date": time.strftime("%Y-%m-%d %H:%M"), "threads": torch.get_num_threads(), **times,
            "speedup": sum(times["fresh"]) / sum(times["memo"]), "identical_videos": identical}
