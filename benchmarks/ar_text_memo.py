@@ -10,22 +10,26 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import sys
 import time
+from pathlib import Path
 from unittest import mock
 
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 
 def rollout(pipe, frames: int, seed: int) -> tuple[float, np.ndarray]:
-    """One streamed rollout at the model's own size, steps and guidance: transformer seconds and the video."""
-    spec, seconds, parts = pipe.kinegen_spec, 0.0, []
-    for chunk in pipe.stream("a red circle moving right on a white background", height=spec.height,
-                             width=spec.width, num_frames=frames, num_inference_steps=spec.steps,
-                             guidance_scale=spec.guidance, generator=torch.Generator().manual_seed(seed)):
-        seconds += chunk.stats.denoise_s + chunk.stats.commit_s
-        parts.append(chunk.frames)
-    return seconds, np.concatenate(parts)
+    """One streamed rollout at the model's own size, steps and guidance (``benchmarks/dasa.py``'s): transformer
+    seconds (denoising + commits) and the video."""
+    from dasa import rollout as streamed
+
+    spec = pipe.kinegen_spec
+    run = streamed(pipe, "a red circle moving right on a white background", seed, frames, spec.steps, spec.guidance,
+                   spec.height)
+    return sum(c["transformer_s"] for c in run["chunks"]), run["frames"]
 
 
 def main() -> None:
@@ -48,7 +52,8 @@ def main() -> None:
                 t, videos[name] = rollout(pipe, args.frames, seed=r)
             times[name].append(t)
         identical &= bool(np.array_equal(videos["memo"], videos["fresh"]))
-    out = {"command": f"python benchmarks/ar_text_memo.py --frames {args.frames} --repeats {args.repeats}",
+    out = {"command": f"python benchmarks/ar_text_memo.py --model {args.model} --frames {args.frames} "
+                      f"--repeats {args.repeats}",
            "date": time.strftime("%Y-%m-%d %H:%M"), "threads": torch.get_num_threads(), **times,
            "speedup": sum(times["fresh"]) / sum(times["memo"]), "identical_videos": identical}
     print(json.dumps(out, indent=1))
