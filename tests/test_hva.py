@@ -325,7 +325,9 @@ def test_hva_key_lists_execute_the_same_pairs_with_less_padding():
     layout's, and the executed density, counted as each layout executes, is never higher."""
     torch.manual_seed(0)
     q, k, v = torch.randn(3, 1, 2, 4 * 8 * 8, 16).unbind(0)
-    common = dict(density=None, top_p=0.6, tile=16, q_window=(2, 4, 4), k_window=(1, 4, 4))
+    # merge=False: the layouts merge differently (key lists merge only queries), so the same clusters and kept
+    # pairs need both unmerged.
+    common = dict(density=None, top_p=0.6, tile=16, q_window=(2, 4, 4), k_window=(1, 4, 4), merge=False)
     tiles = HVAttention(HVAConfig(**common, backend="dense"))
     lists = HVAttention(HVAConfig(**common, layout="lists", backend="gather"))
     for _ in range(2):  # an anchor call, then a re-assigning one
@@ -377,3 +379,61 @@ def test_compiled_merge_gives_the_same_attention():
     for _ in range(2):  # an anchor call, then a hybrid one
         torch.testing.assert_close(compiled(q, k, v, grid=grid), eager(q, k, v, grid=grid))
     assert compiled.last_stats["tile_efficiency"] == eager.last_stats["tile_efficiency"]
+
+
+def _top_p_sets(P, p, floor=1):
+    """Reference top-p rule, row by row: keep the best key clusters while the mass before them is below p."""
+    out = torch.zeros_like(P, dtype=torch.bool)
+    for g in range(P.shape[0]):
+        for i in range(P.shape[1]):
+            before = 0.0
+            for rank, j in enumerate(P[g, i].argsort(descending=True).tolist()):
+                if rank < floor or before < p:
+                    out[g, i, j] = True
+                before += P[g, i, j].item()
+    return out
+
+
+def test_coverage_selection_is_the_top_p_rule_at_the_largest_p_the_budget_allows():
+    """``selection=coverage``: one p for all heads (found by bisection), the work within the budget of all
+    heads together, and a spread-out head given more work than a concentrated one."""
+    g = torch.Generator().manual_seed(0)
+    cq, ck = torch.randn(2, 6, 8, generator=g), torch.randn(2, 12, 8, generator=g)
+    ck[1] *= 0.1  # head 1: keys alike, attention spread out
+    nq, nk = torch.full((2, 6), 16), torch.full((2, 12), 8)
+    P = B.cluster_scores(cq, nq, ck, nk, 1.0)
+    work = lambda keep: (keep * (nq.unsqueeze(-1) * nk.unsqueeze(1))).sum().item()  # noqa: E731 (key_unit=1)
+    budget = 0.3 * 2 * 96 ** 2
+    keep = B.select_blocks(P, nq, nk, 16, density=0.3, top_p=None, key_unit=1, selection="coverage")
+    assert work(keep) <= budget
+    ps = [p / 200 for p in range(201)]
+    fitting = [p for p in ps if work(_top_p_sets(P, p)) <= budget]
+    assert torch.equal(keep, _top_p_sets(P, max(fitting)))  # the largest fitting p on this grid
+    assert keep[1].sum() > keep[0].sum()  # the spread-out head keeps more
+    capped = B.select_blocks(P, nq, nk, 16, density=1.0, top_p=0.5, key_unit=1, selection="coverage")
+    assert torch.equal(capped, _top_p_sets(P, 0.5))  # a loose budget: top_p binds
+    floor_only = B.select_blocks(P, nq, nk, 16, density=1e-4, top_p=None, min_keys=2, selection="coverage")
+    assert (floor_only.sum(-1) == 2).all()  # nothing fits: the floor stays
+    with pytest.raises(ValueError, match="coverage, greedy"):
+        B.select_blocks(P, nq, nk, 16, density=0.3, selection="best")
+    with pytest.raises(ValueError, match="coverage, greedy"):
+        HVAConfig(selection="best")
+
+
+def test_key_lists_count_keys_by_token_and_merge_only_queries():
+    """With ``layout=lists`` a key cluster costs its tokens (the budget lands near the density asked), keys
+    are not merged (no tile to fill) and the key window defaults to 1x4x4; the tile layout keeps 1x8x8."""
+    grid = (4, 16, 16)
+    q, k = _structured(n_heads=2, d=16, grid=grid)
+    v = _values(q)
+    lists = HVAttention(HVAConfig(top_p=None, density=0.3, layout="lists", backend="gather", tile=16))
+    lists(q, k, v, grid=grid)
+    st = lists.last_stats
+    assert lists.k_window == (1, 4, 4) and lists.k_state.centroids.shape[2] == 4 * 4 * 4
+    assert st["k_clusters"] == (lists.k_state.sizes > 0).sum(-1).float().mean().item()  # none merged
+    n = 4 * 16 * 16  # beyond the budget only the lists' padding: under one block (16 keys) per padded query
+    assert 0.25 < st["density"] <= 0.3 + 16 * 2 * n / n ** 2  # row, and padded rows are fewer than 2n
+    tiles = HVAttention(HVAConfig(layout="tiles", backend="dense", tile=16))
+    tiles(q, k, v, grid=grid)
+    assert tiles.k_window == (1, 8, 8)
+    assert HVAttention(HVAConfig(k_window=(1, 2, 2), layout="lists")).k_window == (1, 2, 2)

@@ -476,12 +476,30 @@ def test_spectrum_term_asks_for_the_mixture_not_its_mean():
     mixture = [1.0] * 8 + [0.0] * 24
     real = batch(0, mixture)
     gen = lambda: torch.Generator().manual_seed(1)  # noqa: E731
-    same = float(spectrum_term(batch(1, mixture), real, gen()))
-    faint = float(spectrum_term(batch(1, [0.25] * 32), real, gen()))
-    assert faint > 5 * same
-    fake = batch(2, [0.25] * 32).requires_grad_(True)
-    spectrum_term(fake, real, gen()).backward()
-    assert fake.grad.abs().sum() > 0
+    for space in ("rings", "frequencies"):
+        same = float(spectrum_term(batch(1, mixture), real, gen(), space=space))
+        faint = float(spectrum_term(batch(1, [0.25] * 32), real, gen(), space=space))
+        assert faint > 5 * same, space
+        fake = batch(2, [0.25] * 32).requires_grad_(True)
+        spectrum_term(fake, real, gen(), space=space).backward()
+        assert fake.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="rings, frequencies"):
+        spectrum_term(real, real, gen(), space="2d")
+
+
+def test_frequency_spectrum_puts_the_checker_at_its_frequencies():
+    """A 4-pixel checker on 32x32 has period 8 along both axes: its power sits at (4, 4) and (-4, 4) of the
+    real 2D FFT (and their odd harmonics), where a flat image has none; the ring mean spreads that over 40
+    frequencies of ring 6."""
+    from kinegen.models.mpgan import SPECTRUM_EPS, frequency_spectrum
+
+    yy, xx = torch.meshgrid(torch.arange(32), torch.arange(32), indexing="ij")
+    checker = (((yy // 4 + xx // 4) % 2).float() * 2 - 1).expand(1, 3, 32, 32)
+    s = frequency_spectrum(0.1 * checker).view(32, 17)
+    flat = frequency_spectrum(torch.zeros(1, 3, 32, 32)).view(32, 17)
+    torch.testing.assert_close(flat, torch.full_like(flat, math.log(SPECTRUM_EPS)))
+    peak = s.flatten().topk(2).indices.tolist()
+    assert sorted(divmod(i, 17) for i in peak) == [(4, 4), (28, 4)]  # row -4 is row 28
 
 
 def test_gan_training_with_the_spectrum_term_logs_it(tmp_path):

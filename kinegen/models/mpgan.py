@@ -354,6 +354,14 @@ def reduced_spectrum(x: torch.Tensor, eps: float = SPECTRUM_EPS) -> torch.Tensor
     return torch.log(total / torch.bincount(rings, minlength=n).to(power.dtype) + eps).to(x.dtype)
 
 
+def frequency_spectrum(x: torch.Tensor, eps: float = SPECTRUM_EPS) -> torch.Tensor:
+    """The log power of every spatial frequency of the image's luminance, ``[N, H * (W // 2 + 1)]`` (the real 2D
+    FFT's half plane): the reduced spectrum before its rings are averaged, so a texture's few peaks (the
+    checker's, the stripes' along their direction) stay apart from every other frequency at their distance."""
+    power = torch.fft.rfft2(x.float().mean(1), norm="ortho").abs().square().flatten(1)
+    return torch.log(power + eps).to(x.dtype)
+
+
 class Discriminator(nn.Module):
     """Projection discriminator mirroring the generator; ``magnitudes`` holds per-stage activation RMS."""
 

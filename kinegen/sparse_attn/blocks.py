@@ -91,22 +91,45 @@ def cluster_scores(cq: torch.Tensor, nq: torch.Tensor, ck: torch.Tensor, nk: tor
     return torch.softmax(logits, dim=-1).nan_to_num(0.0)
 
 
+SELECTIONS = ("coverage", "greedy")
+
+
 def select_blocks(P: torch.Tensor, nq: torch.Tensor, nk: torch.Tensor, tile: int, *, density: float | None = None,
-                  top_p: float | None = None, min_keys: int = 1, min_key_share: float = 0.0) -> torch.Tensor:
+                  top_p: float | None = None, min_keys: int = 1, min_key_share: float = 0.0,
+                  key_unit: int | None = None, selection: str = "greedy") -> torch.Tensor:
     """Kept (query cluster, key cluster) pairs ``[G, Kq, Kk]`` bool, by ``top_p`` or a ``density`` budget.
 
     Every query cluster keeps at least its ``max(min_keys, floor(min_key_share x live key clusters))`` best
     key clusters (SVG2's floor, ``min_kc_ratio``, is the share form; it counts all its key clusters, which are
     all live there).
 
-    The density budget is spent greedily by expected mass per executed tile: the pairs are sorted once,
-    then each pass takes, in that order, every pair that still fits; later passes fill what a too-big
-    pair left. Work is counted in whole tiles (integers), so the running total is exact.
+    A ``density`` budget caps the executed work, counted in token pairs (integers, so totals are exact) the
+    way the layout executes them: a query cluster's rows padded to whole ``tile``s times a key cluster's keys
+    padded to whole ``key_unit``s. ``key_unit`` is the tile for the tile layout (the default); key lists
+    gather the kept keys of a query cluster into one list, so a key cluster costs its tokens (``key_unit=1``;
+    the one padding per list is left out of the pair cost). The budget is spent one of two ways:
+
+    * ``coverage``: every query cluster keeps its best key clusters until they hold a share ``p`` of its
+      expected mass (the ``top_p`` rule), with one ``p`` for all heads, the largest whose work fits the
+      budget (found by bisection). A row's output error grows faster than linearly with the mass it misses, so
+      spreading the missed mass evenly over the query clusters costs less error than the greedy order,
+      which starves the query clusters whose attention is spread out (benchmarks/sparse_attention.md).
+    * ``greedy``: by expected mass per unit of work over all pairs: the pairs are sorted once, then each
+      pass takes, in that order, every pair that still fits; later passes fill what a too-big pair left.
+      A ``top_p`` given with it is kept first.
     """
+    if selection not in SELECTIONS:
+        raise ValueError(f"selection must be one of {', '.join(SELECTIONS)}; got {selection!r}")
     G, Kq, Kk = P.shape
     q_alive, k_alive = nq > 0, nk > 0
     live = q_alive.unsqueeze(-1) & k_alive.unsqueeze(1)
     floor = torch.clamp(torch.floor(min_key_share * k_alive.sum(-1)).long(), min=min_keys).view(G, 1, 1)
+    unit = tile if key_unit is None else key_unit
+    work = ((num_tiles(nq, tile) * tile).unsqueeze(-1)  # executed token pairs per pair of clusters
+            * (num_tiles(nk, unit) * unit).unsqueeze(1))
+    budget = None if density is None else torch.floor(density * nq.sum(-1).double().square()).long()
+    if density is not None and selection == "coverage":
+        return _coverage(P, live, floor, work, budget, top_p)
     if top_p is None and min_key_share == 0:
         keep = torch.zeros_like(live).scatter_(-1, P.topk(min(min_keys, Kk), dim=-1).indices, True)
     else:
@@ -119,23 +142,55 @@ def select_blocks(P: torch.Tensor, nq: torch.Tensor, nk: torch.Tensor, tile: int
             keep |= torch.gather(before < top_p, -1, rank)
     keep &= live
     if density is not None:
-        tiles = num_tiles(nq, tile).unsqueeze(-1) * num_tiles(nk, tile).unsqueeze(1)  # executed tiles per pair
-        ratio = (P * nq.unsqueeze(-1).float() / tiles.clamp(min=1)).masked_fill(~live, -1.0)
-        n_total = nq.sum(-1).double()
-        budget = torch.floor(density * n_total.square() / tile ** 2).long() - (tiles * keep).sum((-1, -2))
+        ratio = (P * nq.unsqueeze(-1).float() / work.clamp(min=1)).masked_fill(~live, -1.0)
+        budget = budget - (work * keep).sum((-1, -2))
         order = ratio.flatten(1).argsort(-1, descending=True)
-        s_tiles, s_ratio = tiles.flatten(1).gather(1, order), ratio.flatten(1).gather(1, order)
+        s_work, s_ratio = work.flatten(1).gather(1, order), ratio.flatten(1).gather(1, order)
         s_keep = keep.flatten(1).gather(1, order)
         for _ in range(4):
-            fits = (s_ratio > 0) & ~s_keep & (s_tiles <= budget.unsqueeze(-1))
-            spent = _row_cumsum(s_tiles * fits)
+            fits = (s_ratio > 0) & ~s_keep & (s_work <= budget.unsqueeze(-1))
+            spent = _row_cumsum(s_work * fits)
             take = fits & (spent <= budget.unsqueeze(-1))
             if not P.is_cuda and not take.any():  # (a GPU runs the passes rather than wait for the check)
                 break
             s_keep |= take
-            budget = budget - (s_tiles * take).sum(-1)
+            budget = budget - (s_work * take).sum(-1)
         keep = torch.zeros_like(s_keep).scatter_(1, order, s_keep).view(G, Kq, Kk)
     return keep & live
+
+
+def _coverage(P, live, floor, work, budget, top_p: float | None = None, steps: int = 16) -> torch.Tensor:
+    """The ``coverage`` rule of :func:`select_blocks`: the largest ``p`` (to ``2^-steps``, at most ``top_p``)
+    whose top-p selection (floor included) fits the budget of all heads together; the floor alone where even
+    ``p = 0`` does not fit. One ``p`` for every head, not one budget per head: a head whose attention is spread out
+    needs more work for the same coverage, and a budget per head would starve it. Whole-tensor steps, no
+    value read back (a GPU runs the bisection without waiting on the host)."""
+    G, Kq, Kk = P.shape
+    order = P.argsort(-1, descending=True)
+    sorted_p = torch.gather(P, -1, order)
+    before = sorted_p.cumsum(-1) - sorted_p  # mass of the better pairs, in each row's sorted order
+    s_live = torch.gather(live, -1, order)
+    s_work = torch.gather(work.expand(G, Kq, Kk), -1, order) * s_live
+    floored = torch.arange(Kk, device=P.device).view(1, 1, Kk) < floor
+    total = budget.sum()
+
+    def spent(p):  # work of the top-p selection at p, all heads
+        return ((floored | (before < p)) * s_work).sum()
+
+    lo = torch.zeros((), dtype=P.dtype, device=P.device)  # fits (or nothing does: the floor alone)
+    hi = torch.full_like(lo, 1.0 + 1e-6 if top_p is None else top_p)  # the cap: top_p, or all the mass
+    cap = hi.clone()
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        fits = spent(mid) <= total
+        lo, hi = torch.where(fits, mid, lo), torch.where(fits, hi, mid)
+    p = torch.where(spent(cap) <= total, cap, lo)  # the cap itself where it fits
+    return _top_p_keep(order, before, s_live, floored, p)
+
+
+def _top_p_keep(order, before, s_live, floored, p) -> torch.Tensor:
+    s_keep = (floored | (before < p)) & s_live
+    return torch.zeros_like(s_keep).scatter_(-1, order, s_keep)
 
 
 def _row_cumsum(x: torch.Tensor) -> torch.Tensor:

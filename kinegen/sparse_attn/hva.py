@@ -42,15 +42,20 @@ class HVAConfig:
     """HyperVAttention settings (our defaults; the paper's are not public, see docs/sparse_attention.md).
 
     Attributes:
-        density: executed work as a share of dense (padding included); ``None`` to use ``top_p`` only.
-        top_p: keep key clusters per query cluster until this share of expected mass (with or instead of
-            ``density``).
+        top_p: every query cluster keeps its best key clusters until they hold this share of its expected
+            attention mass (the default rule; ``None`` to select by ``density`` alone).
+        density: a cap on the executed work as a share of dense (padding included); ``None`` (default): no
+            cap. With both, the tighter binds (``selection`` says how the budget is spent).
+        selection: how a ``density`` budget is spent: ``coverage`` (default: the top-p rule with the largest
+            ``p`` whose work fits, one ``p`` for all heads) or ``greedy`` (by expected mass per unit of work
+            over all pairs, the ``top_p`` pairs first). Measured: benchmarks/sparse_attention.md.
         min_keys: key clusters every query cluster keeps, whatever the budget.
         min_key_share: and at least this share of the (non-empty) key clusters (SVG2's ``min_kc_ratio``
-            floor, 0.1 there; 0 here by default).
+            floor, 0.1 there; 0.15 here).
         q_window / k_window: 3D window ``(frames, rows, cols)`` of the query / key clustering (one window
-            holds ``per_window`` centroids at the start). The defaults give clusters of about two tiles
-            (queries) and one tile (keys) of 64 rows, in SVG2's proportion of fewer query than key clusters.
+            holds ``per_window`` centroids at the start). Queries: 2x8x8 (two tiles of 64 rows). Keys,
+            ``None`` (default): by layout, 1x8x8 (one tile) for ``tiles``, 1x4x4 for ``lists``, where a key
+            cluster costs its tokens rather than whole tiles and finer clusters select more precisely.
         per_window: centroids per window.
         iters: Lloyd iterations at anchor calls.
         anchor_every: full clustering every this many calls (the first call is always an anchor).
@@ -79,12 +84,13 @@ class HVAConfig:
             risk (docs/sparse_attention.md, "Small grids run dense").
     """
 
-    density: float | None = 0.25
-    top_p: float | None = None
+    top_p: float | None = 0.7
+    density: float | None = None
+    selection: str = "coverage"
     min_keys: int = 1
-    min_key_share: float = 0.0
+    min_key_share: float = 0.15
     q_window: tuple[int, int, int] = (2, 8, 8)
-    k_window: tuple[int, int, int] = (1, 8, 8)
+    k_window: tuple[int, int, int] | None = None
     per_window: int = 1
     iters: int = 3
     anchor_every: int = 5
@@ -107,10 +113,14 @@ class HVAConfig:
         if not 0 <= self.min_key_share <= 1:
             raise ValueError(f"min_key_share must be in [0, 1] (a share of the key clusters); got {self.min_key_share}")
         for name in ("q_window", "k_window"):
+            if getattr(self, name) is None and name == "k_window":
+                continue
             w = tuple(int(x) for x in getattr(self, name))
             if len(w) != 3 or min(w) < 1:
                 raise ValueError(f"{name} must be three positive integers (frames, rows, cols); got {w}")
             setattr(self, name, w)
+        if self.selection not in B.SELECTIONS:
+            raise ValueError(f"selection must be one of {', '.join(B.SELECTIONS)}; got {self.selection!r}")
         if self.per_window < 1 or self.iters < 1 or self.anchor_every < 1 or self.tile < 1:
             raise ValueError("per_window, iters, anchor_every and tile must be at least 1")
         if not 0 < self.reassign <= 1:
@@ -347,7 +357,8 @@ class _ClusteredSparseAttention(torch.nn.Module):
         cfg = self.config
         P = B.cluster_scores(cq, nq, ck, nk, scale)
         return B.select_blocks(P, nq, nk, cfg.tile, density=cfg.density, top_p=cfg.top_p, min_keys=cfg.min_keys,
-                               min_key_share=getattr(cfg, "min_key_share", 0.0))
+                               min_key_share=getattr(cfg, "min_key_share", 0.0), key_unit=1 if self._lists else None,
+                               selection=getattr(cfg, "selection", "greedy"))
 
     @property
     def _lists(self) -> bool:
@@ -477,35 +488,53 @@ class HVAttention(_ClusteredSparseAttention):
             return assign_local_triton, update_centroids_triton
         return None, None
 
+    @property
+    def k_window(self) -> tuple[int, int, int]:
+        """The key window of this call: the config's, or by layout (``k_window=None``)."""
+        if self.config.k_window is not None:
+            return self.config.k_window
+        return (1, 4, 4) if self._lists else (1, 8, 8)
+
     def _cluster(self, q, k, grid):
         cfg = self.config
         anchor = self.q_state is None or self.calls % cfg.anchor_every == 0
         if self.q_state is not None and self.q_state.labels.shape != q.shape[:3]:
             anchor = True  # a new size or batch: start over
         fa, fu = self._kernels(q)
+        k_window = self.k_window
         if anchor:
             qs, eq = local_kmeans(q, grid, cfg.q_window, cfg.per_window, cfg.iters, fa, fu)
-            ks, ek = local_kmeans(k, grid, cfg.k_window, cfg.per_window, cfg.iters, fa, fu)
+            ks, ek = local_kmeans(k, grid, k_window, cfg.per_window, cfg.iters, fa, fu)
         else:
             qs, eq = refine(q, self.q_state, grid, cfg.q_window, cfg.per_window, cfg.reassign, fa, fu)
-            ks, ek = refine(k, self.k_state, grid, cfg.k_window, cfg.per_window, cfg.reassign, fa, fu)
+            ks, ek = refine(k, self.k_state, grid, k_window, cfg.per_window, cfg.reassign, fa, fu)
         return qs, ks, {"anchor": anchor, "distance_evals": eq + ek}
 
     def _merge(self, q, q_state, k, k_state):
         """Merge every call: re-merging the refined clusters keeps tiles full (reusing the anchor's merge
         between anchors let tile efficiency fall from 0.89 to 0.81 and the error rise, benchmarks/).
 
-        Queries and keys are merged in one call, stacked along the group axis (half the operations). All
-        of it works on the K clusters, not the N tokens: the state's centroids are the means of their
-        tokens, so the clustering's squared error is ``sum ||x||^2 - sum_k n_k ||c_k||^2`` and a merged
-        cluster's centroid is the size-weighted mean of its parts."""
+        The tile layout pads every cluster to whole tiles on both sides, so queries and keys are merged,
+        in one call stacked along the group axis (half the operations). Key lists pad once per query
+        cluster's list, not per key cluster: merging keys would save no work and coarsen the selection, so
+        with ``layout=lists`` only the queries are merged."""
         sides = [self._flat(q, q_state), self._flat(k, k_state)]
         if not self.config.merge:
             return sides
+        if self._lists:
+            return [*self._merge_sides([q], sides[:1]), sides[1]]
+        return self._merge_sides([q, k], sides)
+
+    def _merge_sides(self, xs, sides):
+        """:func:`B.merge_clusters` on each side's ``(labels, centroids, sizes)``, all sides stacked.
+
+        All of it works on the K clusters, not the N tokens: the state's centroids are the means of their
+        tokens, so the clustering's squared error is ``sum ||x||^2 - sum_k n_k ||c_k||^2`` and a merged
+        cluster's centroid is the size-weighted mean of its parts."""
         G = sides[0][0].shape[0]
         K = max(c.shape[1] for _, c, _ in sides)
         cents, sizes, mses = [], [], []
-        for x, (_, centroids, n) in zip((q, k), sides, strict=True):
+        for x, (_, centroids, n) in zip(xs, sides, strict=True):
             c, nf = centroids.float(), n.float()
             sum_x2 = torch.linalg.vector_norm(x.reshape(G, -1), dim=-1, dtype=torch.float32).square()
             sse = sum_x2 - (nf * c.square().sum(-1)).sum(-1)

@@ -132,6 +132,7 @@ class GANTrainConfig:
     diversity_weight: float = 0.0  # diversity-sensitive term for G (two z per label); 0 = R3GAN's loss alone
     diversity_bound: float = 0.3  # its bound tau: image L1 per unit of latent L1 (the shapes data's own: 0.32)
     spectrum_match: float = 0.0  # G's sliced-Wasserstein match of its batch's reduced spectra to the reals'; 0 = off
+    spectrum_space: str = "rings"  # its spectra: "rings" (reduced, log power per ring) or "frequencies" (2D, each)
     separate_class_head: bool = False  # the label-matching term trains a classifier head of D's own, not the projection
     positional_channels: int = 0  # G's learned positional map per stage from 8x8 (Xu et al. 2021); 0 = off
     spectral_weight: float = 0.0  # weight of D's SSD-GAN classifier on the reduced spectrum (Chen et al. 2021); 0 = off

@@ -34,7 +34,7 @@ from ..models.mpgan import Discriminator, Generator, renormalize_
 from ..models.mpgan_config import MP_SWITCHES, GANConfig
 from .common import Progress, TimeBox, load_checkpoint
 from .configs import GAN_DEFAULT_LR, GANTrainConfig
-from .gan_loss import discriminator_loss, diversity_term, generator_loss, spectrum_term
+from .gan_loss import SPECTRUM_SPACES, discriminator_loss, diversity_term, generator_loss, spectrum_term
 from .phema import PowerEMA
 
 
@@ -46,6 +46,8 @@ def network_config(cfg: GANTrainConfig, num_classes: int) -> GANConfig:
                           f"{cfg.widths!r}.") from None
     if cfg.variant not in GAN_DEFAULT_LR:
         raise ConfigError(f"variant must be 'mp' or 'r3gan', got {cfg.variant!r}.")
+    if cfg.spectrum_space not in SPECTRUM_SPACES:
+        raise ConfigError(f"--spectrum-space must be one of {', '.join(SPECTRUM_SPACES)}; got {cfg.spectrum_space!r}.")
     flags = {k: cfg.variant == "mp" for k in MP_SWITCHES}
     for name in filter(None, (a.strip() for a in cfg.ablate.split(","))):
         if name not in MP_SWITCHES:
@@ -305,7 +307,7 @@ def train_gan(run_dir: str | Path, cfg: GANTrainConfig) -> Path:
             loss_g = loss_g - cfg.diversity_weight * div
             gstats["g_div"] = float(div.detach())
         if cfg.spectrum_match:
-            spec = spectrum_term(fake, real, gen)
+            spec = spectrum_term(fake, real, gen, space=cfg.spectrum_space)
             loss_g = loss_g + cfg.spectrum_match * spec
             gstats["g_spec"] = float(spec.detach())
         opt_g.zero_grad(set_to_none=True)

@@ -30,7 +30,9 @@ ring of spatial frequency) to the real batch's by a sliced Wasserstein distance 
 The spectral regulariser of Durall et al. ("Watch your Up-Convolution", CVPR 2020, Sec. 4) pulls every image's
 spectrum towards the mean real one; on data where a sixth of the images carry a strong texture and the rest none,
 the mean asks every image for a faint one. Matching the batch's distribution instead asks some images for the
-whole texture and the rest for none (docs/gan.md, "Training"). A departure from R3GAN.
+whole texture and the rest for none (docs/gan.md, "Training"). With ``spectrum_space="frequencies"`` the
+spectra are the 2D spectrum's log powers, matched frequency by frequency (:func:`spectrum_term`). A departure
+from R3GAN.
 
 The penalties are taken through a double backward (``create_graph=True``): detaching them would make
 them constant in D's parameters and remove their effect (brownvc/R3GAN#20).
@@ -109,11 +111,29 @@ def sliced_wasserstein(a: torch.Tensor, b: torch.Tensor, projections: int, gen: 
     return (pa - pb).square().mean()
 
 
-def spectrum_term(fake: torch.Tensor, real: torch.Tensor, gen: torch.Generator, projections: int = 64) -> torch.Tensor:
-    """The sliced Wasserstein distance between the reduced spectra of ``fake`` and ``real`` (a batch each). The
-    spectra are log powers, so rings of very different power weigh alike; they are not standardised per ring,
-    which would blow the sampling noise of rings where every image is alike up to the size of a texture's peak."""
-    from ..models.mpgan import reduced_spectrum
+SPECTRUM_SPACES = ("rings", "frequencies")
 
-    return sliced_wasserstein(reduced_spectrum(fake).float(), reduced_spectrum(real.detach()).float(), projections,
-                              gen)
+
+def spectrum_term(fake: torch.Tensor, real: torch.Tensor, gen: torch.Generator, projections: int = 64,
+                  space: str = "rings") -> torch.Tensor:
+    """How far the batch ``fake``'s spectra are from the batch ``real``'s, as a distribution over images.
+
+    ``rings``: the sliced Wasserstein distance between their reduced spectra (log power per ring). The spectra
+    are log powers, so rings of very different power weigh alike; they are not standardised per ring, which
+    would blow the sampling noise of rings where every image is alike up to the size of a texture's peak.
+    ``frequencies``: the log power of every frequency of the 2D spectrum (:func:`frequency_spectrum`), matched
+    frequency by frequency: each one's values over the batch sorted and compared rank by rank (the 1D
+    Wasserstein distance per frequency, i.e. slicing along the axes). A texture's peak is then one coordinate
+    of its own, not diluted by a ring's mean or mixed with other frequencies by a random direction: where a
+    sixth of the reals carry the checker, the top sixth of the fakes at the checker's frequency are asked for it.
+    """
+    from ..models.mpgan import frequency_spectrum, reduced_spectrum
+
+    if space == "rings":
+        return sliced_wasserstein(reduced_spectrum(fake).float(), reduced_spectrum(real.detach()).float(),
+                                  projections, gen)
+    if space == "frequencies":
+        a, _ = frequency_spectrum(fake).float().sort(0)
+        b, _ = frequency_spectrum(real.detach()).float().sort(0)
+        return (a - b).square().mean()
+    raise ValueError(f"spectrum space must be one of {', '.join(SPECTRUM_SPACES)}; got {space!r}")
