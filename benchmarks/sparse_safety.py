@@ -13,8 +13,9 @@ for the compositions, where both ran), its readings that differ from dense's, it
 accelerators' warnings.
 
 Resumable: every finished prompt is appended to ``<output>.partial.jsonl``; run the same command again and
-it goes on from the next prompt (the settings must match). The JSON summary is written when all ``n`` are
-done (``--summary`` writes it from what is there).
+it goes on with the prompts not done (the settings must match). Two lanes can share the file, one with
+``--order reverse`` (from the last prompt down): each skips what the other finished. The JSON summary is
+written when all ``n`` are done (``--summary`` writes it from what is there).
 """
 
 import argparse
@@ -25,6 +26,7 @@ import numpy as np
 
 import kinegen
 from kinegen.evaluation.adherence import ATTRIBUTES, adherence_prompts, classify, load_classifier
+from kinegen.profiling.metrics import psnr
 
 CONFIGS = {
     "dense": [],
@@ -34,11 +36,6 @@ CONFIGS = {
     "mapguided+hva": ["mapguided", "hva"],
 }
 REFERENCE = {"hva": "dense", "svg2": "dense", "mapguided+hva": "mapguided"}
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return float("inf") if mse == 0 else 10 * np.log10(255.0 ** 2 / mse)
 
 
 def summarise(records: list[dict], configs: list[str]) -> dict:
@@ -64,6 +61,8 @@ def main():
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of: {', '.join(CONFIGS)}")
     ap.add_argument("--output", default="benchmarks/results/sparse_safety.json")
     ap.add_argument("--summary", action="store_true", help="write the summary from the prompts done so far")
+    ap.add_argument("--order", choices=("forward", "reverse"), default="forward",
+                    help="prompt order; a second lane on the same --output runs reverse")
     args = ap.parse_args()
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     bad = [c for c in configs if c not in CONFIGS]
@@ -74,22 +73,26 @@ def main():
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_suffix(".partial.jsonl")
-    records = []
-    if partial.is_file():
+    def done() -> dict[int, dict]:  # the prompts finished so far, by index (either lane's)
+        if not partial.is_file():
+            return {}
         lines = [json.loads(line) for line in partial.read_text().splitlines() if line.strip()]
         if lines and lines[0].get("settings") != settings:
             ap.error(f"{partial} was made with {lines[0].get('settings')}; these are {settings}. "
                      "Give another --output or remove it.")
-        records = [r for r in lines if "prompt" in r]
-    elif not args.summary:
+        return {r["seed"]: r for r in lines if "prompt" in r}
+
+    if not partial.is_file() and not args.summary:
         partial.write_text(json.dumps({"settings": settings}) + "\n")
+    done()  # checks the settings before any work
     warnings: dict[str, str] = {}
     if not args.summary:
         pipe = kinegen.load_pipeline("kinegen-shapes-t2v")
         pipe.set_progress_bar_config(disable=True)
         classifier = load_classifier()
-        for i, (prompt, truth) in enumerate(adherence_prompts(args.n, "held_out", seed=3)):
-            if i < len(records):
+        prompts = list(enumerate(adherence_prompts(args.n, "held_out", seed=3)))
+        for i, (prompt, truth) in prompts[::-1] if args.order == "reverse" else prompts:
+            if i in done():
                 continue
             frames, rec = {}, {"prompt": prompt, "truth": truth, "seed": i, "psnr": {}, "warnings": {}}
             for name in configs:
@@ -103,12 +106,15 @@ def main():
                 if name in frames and ref in frames:
                     rec[f"{name} equals {ref}"] = bool(np.array_equal(frames[name], frames[ref]))
             if "dense" in frames:
-                rec["psnr"] = {c: psnr(frames[c], frames["dense"]) for c in configs if c != "dense"}
+                rec["psnr"] = {c: psnr(frames["dense"], frames[c]) for c in configs if c != "dense"}
             with partial.open("a") as f:  # one line per prompt: a stopped run loses at most the prompt it was on
                 f.write(json.dumps(rec) + "\n")
-            records.append(rec)
             print(f"{i + 1}/{args.n} {prompt!r}: " + ", ".join(
                 f"{n} {sum(rec[n][a] == truth[a] for a in ATTRIBUTES)}/3" for n in configs), flush=True)
+    records = [r for i, r in sorted(done().items()) if i < args.n]
+    if not records:
+        print(f"no prompts done yet in {partial}")
+        return
     for r in records:
         for name, w in r.get("warnings", {}).items():
             warnings.setdefault(name, w)
@@ -120,12 +126,13 @@ def main():
     print(f"{len(records)} prompts at {size or 'the defaults'}")
     print("| configuration | shape | colour | motion | readings changed against dense | median PSNR vs dense |")
     print("|---|---|---|---|---|---|")
+    psnrs = summary["median_psnr_against_dense"]
     for name in configs:
         acc = summary["adherence"][name]
         ch = summary["changed_against_dense"].get(name)
         print(f"| {name} | " + " | ".join(f"{100 * acc[a]:.0f}%" for a in ATTRIBUTES)
               + f" | {'/'.join(str(ch[a]) for a in ATTRIBUTES) if ch else ''} | "
-              + f"{summary['median_psnr_against_dense'].get(name, float('nan')):.1f} |")
+              + (f"{psnrs[name]:.1f} |" if name in psnrs else " |"))
     print(summary["bit_identical"])
     print(warnings)
 
