@@ -131,16 +131,10 @@ def select_blocks(P: torch.Tensor, nq: torch.Tensor, nk: torch.Tensor, tile: int
     if density is not None and selection == "coverage":
         return _coverage(P, live, floor, work, budget, top_p)
     if top_p is None and min_key_share == 0:
-        keep = torch.zeros_like(live).scatter_(-1, P.topk(min(min_keys, Kk), dim=-1).indices, True)
+        keep = torch.zeros_like(live).scatter_(-1, P.topk(min(min_keys, Kk), dim=-1).indices, True) & live
     else:
-        order = P.argsort(-1, descending=True)
-        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(Kk, device=P.device).expand_as(order))
-        sorted_p = torch.gather(P, -1, order)
-        before = sorted_p.cumsum(-1) - sorted_p  # mass of the better pairs
-        keep = rank < floor
-        if top_p is not None:
-            keep |= torch.gather(before < top_p, -1, rank)
-    keep &= live
+        rows = _SortedRows(P, live, floor)
+        keep = rows.keep(-1.0 if top_p is None else top_p)  # (no mass is below -1: the floor alone)
     if density is not None:
         ratio = (P * nq.unsqueeze(-1).float() / work.clamp(min=1)).masked_fill(~live, -1.0)
         budget = budget - (work * keep).sum((-1, -2))
@@ -159,23 +153,40 @@ def select_blocks(P: torch.Tensor, nq: torch.Tensor, nk: torch.Tensor, tile: int
     return keep & live
 
 
+class _SortedRows:
+    """Each query cluster's key clusters in order of expected mass, for the top-p rule: ``before`` is the
+    mass of the better ones; the first ``floor`` are kept whatever the mass."""
+
+    def __init__(self, P, live, floor):
+        G, Kq, Kk = P.shape
+        self.order = P.argsort(-1, descending=True)
+        sorted_p = torch.gather(P, -1, self.order)
+        self.before = sorted_p.cumsum(-1) - sorted_p
+        self.live = torch.gather(live, -1, self.order)
+        self.floored = torch.arange(Kk, device=P.device).view(1, 1, Kk) < floor
+
+    def kept(self, p) -> torch.Tensor:
+        """The top-p rule at ``p`` (a number or a 0-d tensor), in sorted order."""
+        return (self.floored | (self.before < p)) & self.live
+
+    def keep(self, p) -> torch.Tensor:
+        """The same in the key clusters' own order."""
+        kept = self.kept(p)
+        return torch.zeros_like(kept).scatter_(-1, self.order, kept)
+
+
 def _coverage(P, live, floor, work, budget, top_p: float | None = None, steps: int = 16) -> torch.Tensor:
     """The ``coverage`` rule of :func:`select_blocks`: the largest ``p`` (to ``2^-steps``, at most ``top_p``)
     whose top-p selection (floor included) fits the budget of all heads together; the floor alone where even
-    ``p = 0`` does not fit. One ``p`` for every head, not one budget per head: a head whose attention is spread out
-    needs more work for the same coverage, and a budget per head would starve it. Whole-tensor steps, no
+    ``p = 0`` does not fit. One ``p`` for every head, not one budget per head: a head whose attention is spread
+    out needs more work for the same coverage, and a budget per head would starve it. Whole-tensor steps, no
     value read back (a GPU runs the bisection without waiting on the host)."""
-    G, Kq, Kk = P.shape
-    order = P.argsort(-1, descending=True)
-    sorted_p = torch.gather(P, -1, order)
-    before = sorted_p.cumsum(-1) - sorted_p  # mass of the better pairs, in each row's sorted order
-    s_live = torch.gather(live, -1, order)
-    s_work = torch.gather(work.expand(G, Kq, Kk), -1, order) * s_live
-    floored = torch.arange(Kk, device=P.device).view(1, 1, Kk) < floor
+    rows = _SortedRows(P, live, floor)
+    s_work = torch.gather(work.expand(P.shape), -1, rows.order)
     total = budget.sum()
 
     def spent(p):  # work of the top-p selection at p, all heads
-        return ((floored | (before < p)) * s_work).sum()
+        return (rows.kept(p) * s_work).sum()
 
     lo = torch.zeros((), dtype=P.dtype, device=P.device)  # fits (or nothing does: the floor alone)
     hi = torch.full_like(lo, 1.0 + 1e-6 if top_p is None else top_p)  # the cap: top_p, or all the mass
@@ -184,13 +195,7 @@ def _coverage(P, live, floor, work, budget, top_p: float | None = None, steps: i
         mid = (lo + hi) / 2
         fits = spent(mid) <= total
         lo, hi = torch.where(fits, mid, lo), torch.where(fits, hi, mid)
-    p = torch.where(spent(cap) <= total, cap, lo)  # the cap itself where it fits
-    return _top_p_keep(order, before, s_live, floored, p)
-
-
-def _top_p_keep(order, before, s_live, floored, p) -> torch.Tensor:
-    s_keep = (floored | (before < p)) & s_live
-    return torch.zeros_like(s_keep).scatter_(-1, order, s_keep)
+    return rows.keep(torch.where(spent(cap) <= total, cap, lo))  # the cap itself where it fits
 
 
 def _row_cumsum(x: torch.Tensor) -> torch.Tensor:
