@@ -57,6 +57,17 @@ def test_windows_cover_the_grid_and_neighbours_are_3x3x3():
     assert int((big.neighbours >= 0).sum(1).max()) == 27  # an interior window sees 27 windows
 
 
+def test_lead_frames_get_windows_of_their_own():
+    wg = window_grid((5, 6, 7), (2, 4, 4), lead_frames=1)  # frame windows {0}, {1, 2}, {3, 4}
+    assert wg.counts == (3, 2, 2)
+    assert sorted(wg.order[wg.order >= 0].tolist()) == list(range(5 * 6 * 7))
+    frame_of = wg.window_of_token.view(5, 6, 7) // (2 * 2)
+    assert frame_of[:, 0, 0].tolist() == [0, 1, 1, 2, 2]
+    plain = window_grid((5, 6, 7), (2, 4, 4))
+    assert (plain.window_of_token.view(5, 6, 7) // 4)[:, 0, 0].tolist() == [0, 0, 1, 1, 2]
+    assert window_grid((5, 6, 7), (1, 4, 4), lead_frames=1).counts == (5, 2, 2)  # one frame per window anyway
+
+
 def test_local_assignment_is_the_nearest_candidate_and_costs_far_less_than_global():
     q, _ = _structured()
     wg = window_grid(GRID, (1, 2, 2))
@@ -245,6 +256,8 @@ def test_bad_inputs_are_refused():
         HVAConfig(density=None, top_p=None)
     with pytest.raises(ValueError, match="three positive"):
         HVAConfig(q_window=(2, 2))
+    with pytest.raises(ValueError, match="lead_frames"):
+        HVAConfig(lead_frames=-1)
     q = torch.randn(1, 2, 100, 16)
     with pytest.raises(ValueError, match="raster"):
         HVAttention()(q, q, q, grid=GRID)

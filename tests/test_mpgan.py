@@ -190,6 +190,95 @@ def test_spectral_classifier_starts_as_a_no_op_then_adds_its_logit(mp):
     assert Discriminator(make(**SMALL)).spectral is None
 
 
+def test_textures_drawn_from_the_latent_follow_the_prior():
+    from kinegen.models.mpgan import texture_of_latent
+
+    z = torch.randn(40_000, 8, generator=torch.Generator().manual_seed(0))
+    t = texture_of_latent(z, (0.55, 0.15, 0.15, 0.15))
+    shares = torch.bincount(t, minlength=4).float() / len(t)
+    torch.testing.assert_close(shares, torch.tensor([0.55, 0.15, 0.15, 0.15]), atol=0.01, rtol=0)
+    assert texture_of_latent(torch.tensor([[-3.0], [0.0], [0.5], [3.0]]), (0.55, 0.15, 0.15, 0.15)).tolist() == [
+        0, 0, 1, 3]  # Phi(0) = 0.5 is plain (below 0.55), Phi(0.5) = 0.69 checkered (0.55-0.70), far right noisy
+
+
+@pytest.mark.parametrize("mp", [True, False])
+def test_texture_labels_start_as_a_no_op_then_condition_both_networks(mp):
+    make = GANConfig if mp else GANConfig.baseline
+    kw = dict(num_textures=4, texture_prior=(0.55, 0.15, 0.15, 0.15))
+    torch.manual_seed(0)
+    g, plain_g = Generator(make(**SMALL, **kw)), Generator(make(**SMALL))
+    d, plain_d = Discriminator(make(**SMALL, **kw)), Discriminator(make(**SMALL))
+    for net, plain in ((g, plain_g), (d, plain_d)):
+        res = plain.load_state_dict(net.state_dict(), strict=False)
+        assert res.missing_keys == [] and res.unexpected_keys == ["texture_embed.weight"]
+    z, c, t = torch.randn(4, g.cfg.z_dim), torch.tensor([0, 1, 2, 3]), torch.tensor([0, 1, 2, 3])
+    x = torch.randn(4, 3, 16, 16)
+    torch.testing.assert_close(g(z, c, t), plain_g(z, c))  # zero at the start: the networks they were
+    torch.testing.assert_close(d(x, c, t), plain_d(x, c))
+    (g(z, c, t).square().mean() + d(x, c, t).sum()).backward()
+    assert g.texture_embed.weight.grad.abs().sum() > 0 and d.texture_embed.weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        g.texture_embed.weight.normal_(std=0.1)
+        d.texture_embed.weight.normal_(std=0.1)
+        other = (t + 1) % 4
+        assert (g(z, c, t) - g(z, c, other)).abs().max() > 1e-2  # the texture label changes the image
+        h = d.features(x)
+        expected = (h * (d.class_table()[c] + 10.0 * d.texture_embed.weight[t])).sum(1) / math.sqrt(64)
+        torch.testing.assert_close(d(x, c, t), expected)  # D(x, y, k) = h . (e_y + t_k) / sqrt(dim)
+        torch.testing.assert_close(d(x, c), plain_d(x, c))  # without textures: the class term alone
+        torch.testing.assert_close(g(z, c), g(z, c, texture_of(z)))  # by default each latent draws its own
+    with pytest.raises(ValueError, match="no texture labels"):
+        plain_g(z, c, t)
+    with pytest.raises(ValueError, match="texture_prior"):
+        GANConfig(num_textures=2, texture_prior=(0.5,))
+    with pytest.raises(ValueError, match="summing to 1"):
+        GANConfig(num_textures=2, texture_prior=(0.5, 0.6))
+
+
+def texture_of(z):
+    from kinegen.models.mpgan import texture_of_latent
+
+    return texture_of_latent(z, (0.55, 0.15, 0.15, 0.15))
+
+
+def test_gan_training_with_texture_labels_from_an_earlier_run(tmp_path):
+    from safetensors.torch import load_file
+
+    from kinegen.data.shape_images import _image_spec
+    from kinegen.data.shapes import TEXTURES
+    from kinegen.errors import ConfigError
+    from kinegen.pipelines import MPGANPipeline
+    from kinegen.training.gan import ShapesData, train_gan
+
+    data = ShapesData(16, 200)
+    idx = np.arange(40)
+    assert [TEXTURES[int(t)] for t in data.textures(idx)] == [
+        _image_spec(int(i), int(i) % 12).texture for i in idx]
+    assert len(set(data.textures(idx).tolist())) > 1
+    train_gan(tmp_path / "a", _tiny_train(variant="r3gan"))
+    out = train_gan(tmp_path / "b", _tiny_train(variant="r3gan", texture_labels=True, init=str(tmp_path / "a")))
+    gb = load_file(str(tmp_path / "b" / "checkpoint" / "generator.safetensors"))
+    db = load_file(str(tmp_path / "b" / "checkpoint" / "discriminator.safetensors"))
+    assert gb["texture_embed.weight"].abs().sum() > 0 and db["texture_embed.weight"].abs().sum() > 0  # trained
+    pipe = MPGANPipeline.from_pretrained(out)
+    assert pipe.texture_names == list(TEXTURES)
+    a = pipe(class_labels=[0, 0], seeds=[3, 4], output_type="pt").images
+    b = pipe(class_labels=[0, 0], seeds=[3, 4], output_type="pt", textures=["striped", 0]).images
+    assert a.shape == b.shape == (2, 3, 16, 16)
+    drawn = texture_of(torch.stack([torch.randn(pipe.gan.config.z_dim, generator=torch.Generator().manual_seed(s))
+                                    for s in (3, 4)]))
+    forced = pipe(class_labels=[0, 0], seeds=[3, 4], output_type="pt", textures=drawn.tolist()).images
+    torch.testing.assert_close(a, forced)  # a seed draws its texture from its own latent
+    with pytest.raises(ValueError, match="valid textures: plain, checkered, striped, noisy"):
+        pipe(class_labels=[0], textures="wavy")
+    with pytest.raises(ValueError, match="without texture labels"):
+        MPGANPipeline.from_pretrained(tmp_path / "a" / "pipeline")(class_labels=[0], textures="plain")
+    with pytest.raises(ConfigError, match="keep --texture-labels"):
+        train_gan(tmp_path / "c", _tiny_train(variant="r3gan", init=str(tmp_path / "b")))
+    with pytest.raises(ConfigError, match="shapes data"):
+        train_gan(tmp_path / "d", _tiny_train(variant="r3gan", texture_labels=True, data=f"imagefolder:{tmp_path}"))
+
+
 def test_bad_configs_are_refused():
     with pytest.raises(ValueError, match="power of two"):
         GANConfig(resolution=24)

@@ -132,6 +132,30 @@ class ClassEmbedding(Conv):
         return normalize(self.weight, self.centering).flatten(1)[class_labels]
 
 
+class TextureEmbedding(nn.Module):
+    """A table of background-texture vectors (``GANConfig.num_textures``), zero at the start so that a network
+    fine-tuned with texture labels starts as the one it was; stored divided by ``gain`` (an equalised learning
+    rate: Adam moves the stored values by about the learning rate per step, so the vectors reach the unit size
+    of the class vectors within a few hundred steps of a fine-tune's learning rate)."""
+
+    gain = 10.0
+
+    def __init__(self, num_textures: int, embed_dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(num_textures, embed_dim))
+
+    def forward(self, textures: torch.Tensor) -> torch.Tensor:
+        return self.gain * self.weight[textures]
+
+
+def texture_of_latent(z: torch.Tensor, prior: tuple[float, ...]) -> torch.Tensor:
+    """The texture a latent draws when none is given: ``z[:, 0]``'s normal CDF bucketed by the prior's cumulative
+    shares, so standard normal latents draw the textures at the prior's shares and a seed keeps its texture."""
+    u = 0.5 * (1 + torch.erf(z[:, 0].float() / math.sqrt(2)))
+    edges = torch.tensor(prior, device=z.device).cumsum(0)[:-1]
+    return torch.bucketize(u, edges, right=True)
+
+
 class ResidualBlock(nn.Module):
     """1x1 C->2C, act, grouped 3x3, act, 1x1 2C->C; added to the trunk (R3GAN Fig. 3)."""
 
@@ -271,6 +295,7 @@ class Generator(nn.Module):
         self.positional = nn.ModuleList(PositionalMap(cfg.positional_channels, 4 * 2**i, c, cfg)
                                         for i, c in enumerate(cfg.widths) if i and cfg.positional_channels)
         self.to_rgb = Conv(cfg.widths[-1], 3, 1, bias=True, mp=mp, centering=False)
+        self.texture_embed = TextureEmbedding(cfg.num_textures, cfg.embed_dim) if cfg.num_textures else None
         # A learned output gain, initialised to 1 as in R3GAN's successor. (EDM2's denoiser starts its
         # output gain at 0; here that gain was still +-0.05 after 1,000 steps and G had grown its last
         # features ~11x instead: docs/gan.md.)
@@ -283,9 +308,23 @@ class Generator(nn.Module):
         e = self.embed(onehot * math.sqrt(self.cfg.num_classes))
         return e / e.square().mean(1, keepdim=True).add(1e-8).sqrt()
 
-    def forward(self, z: torch.Tensor, class_labels: torch.Tensor) -> torch.Tensor:
+    def texture_labels(self, z: torch.Tensor, textures: torch.Tensor | None) -> torch.Tensor | None:
+        """The textures to draw: the given ones, else each latent's own (:func:`texture_of_latent`); None
+        without texture labels."""
+        if self.texture_embed is None:
+            if textures is not None:
+                raise ValueError("this generator has no texture labels (num_textures=0); leave textures out.")
+            return None
+        return texture_of_latent(z, self.cfg.texture_prior) if textures is None else textures
+
+    def forward(self, z: torch.Tensor, class_labels: torch.Tensor, textures: torch.Tensor | None = None
+                ) -> torch.Tensor:
         cfg = self.cfg
-        cond = torch.cat([z, self.label_vector(class_labels)], dim=1)
+        label = self.label_vector(class_labels)
+        textures = self.texture_labels(z, textures)
+        if textures is not None:
+            label = label + self.texture_embed(textures).to(label.dtype)
+        cond = torch.cat([z, label], dim=1)
         if cfg.ff_heads:
             h = lrelu(self.head1(cond), cfg.mp_lrelu)
             x = lrelu(self.head2(h), cfg.mp_lrelu).view(-1, cfg.widths[0], 4, 4)
@@ -395,6 +434,7 @@ class Discriminator(nn.Module):
         if cfg.spectral_weight:
             self.spectral = nn.Linear(int(spectrum_rings(cfg.resolution).max()) + 1, 1, bias=False)
             nn.init.zeros_(self.spectral.weight)
+        self.texture_embed = TextureEmbedding(cfg.num_textures, cfg.embed_dim) if cfg.num_textures else None
         self.magnitudes: list[float] = []
         self.track_magnitudes = False
 
@@ -443,12 +483,19 @@ class Discriminator(nn.Module):
         """The image's embedding ``h`` ``[N, embed_dim]``: :meth:`pooled` and the last linear layer."""
         return self.head2(self.pooled(x))
 
-    def project(self, h: torch.Tensor, class_labels: torch.Tensor) -> torch.Tensor:
-        """``D(x, y) = h . e_y / sqrt(dim)`` from the embedding ``h``."""
+    def project(self, h: torch.Tensor, class_labels: torch.Tensor, textures: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """``D(x, y) = h . e_y / sqrt(dim)`` from the embedding ``h``; with texture labels
+        ``h . (e_y + t_k) / sqrt(dim)`` (``textures`` None: the class term alone)."""
         e = self.class_table().to(h.dtype)[class_labels]
+        if textures is not None:
+            if self.texture_embed is None:
+                raise ValueError("this discriminator has no texture labels (num_textures=0); leave textures out.")
+            e = e + self.texture_embed(textures).to(h.dtype)
         return (h * e).sum(1) / math.sqrt(self.cfg.embed_dim)
 
-    def logits_for_label_matching(self, x: torch.Tensor, class_labels: torch.Tensor):
+    def logits_for_label_matching(self, x: torch.Tensor, class_labels: torch.Tensor,
+                                  textures: torch.Tensor | None = None):
         """``(D(x, y), logits [N, num_classes])`` in one forward: the logits the label-matching term trains.
 
         The projection logits under every class (:meth:`class_logits`), or with ``separate_class_head`` a
@@ -456,10 +503,8 @@ class Discriminator(nn.Module):
         """
         p = self.pooled(x)
         h = self.head2(p)
-        if self.class_head is not None:
-            return self.project(h, class_labels) + self.spectral_logit(x), self.class_head(p)
-        every = self.project_all(h)
-        return every.gather(1, class_labels[:, None])[:, 0] + self.spectral_logit(x), every
+        own = self.project(h, class_labels, textures) + self.spectral_logit(x)
+        return own, (self.class_head(p) if self.class_head is not None else self.project_all(h))
 
     def project_all(self, h: torch.Tensor) -> torch.Tensor:
         """``h . e_c / sqrt(dim)`` under every class ``c``, ``[N, num_classes]``."""
@@ -479,10 +524,11 @@ class Discriminator(nn.Module):
         they are what the label-matching term of ``kinegen train gan --class-weight`` trains (Han et al. 2021)."""
         return self.project_all(self.features(x))
 
-    def forward(self, x: torch.Tensor, class_labels: torch.Tensor) -> torch.Tensor:
-        """The projection logit ``D(x, y)`` of each image under its own label (plus the spectral logit when
-        ``spectral_weight`` is on), ``[N]``."""
-        return self.project(self.features(x), class_labels) + self.spectral_logit(x)
+    def forward(self, x: torch.Tensor, class_labels: torch.Tensor, textures: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """The projection logit ``D(x, y)`` of each image under its own label (and texture, when given; plus
+        the spectral logit when ``spectral_weight`` is on), ``[N]``."""
+        return self.project(self.features(x), class_labels, textures) + self.spectral_logit(x)
 
 
 def renormalize_(module: nn.Module) -> None:

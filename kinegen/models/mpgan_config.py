@@ -56,6 +56,15 @@ class GANConfig:
     # :meth:`Discriminator.spectral_logit`). D's downsampling blurs away the faint high-frequency textures of the
     # shapes data, which no generator draws (benchmarks/gan.md, "Backgrounds"). 0 = off (R3GAN).
     spectral_weight: float = 0.0
+    # Not an MP switch: the background texture as a second label of both networks (``num_textures`` of them;
+    # 0 = off, R3GAN). G adds a texture vector to its class vector; D adds ``h . t_k / sqrt(dim)`` to its
+    # projection logit (:class:`~kinegen.models.mpgan.TextureEmbedding`; Miyato & Koyama's projection, one more
+    # label). Without a texture given, G draws one by its latent's first coordinate from ``texture_prior``, so a
+    # seed keeps its image and the textures come at the data's shares. The shapes data's checkered and striped
+    # backgrounds are a sixth of the images each and D's gradient at G's images does not ask for them
+    # (benchmarks/gan.md, "What D's gradient asks G for").
+    num_textures: int = 0
+    texture_prior: tuple[float, ...] = ()
 
     def __post_init__(self):
         self.widths = tuple(int(w) for w in self.widths)
@@ -71,6 +80,12 @@ class GANConfig:
             raise ValueError(f"positional_channels is a number of channels (0 = off), got {self.positional_channels}")
         if not self.spectral_weight >= 0:
             raise ValueError(f"spectral_weight is a weight >= 0 (0 = off), got {self.spectral_weight}")
+        self.texture_prior = tuple(float(p) for p in self.texture_prior)
+        if self.num_textures < 0 or len(self.texture_prior) != self.num_textures:
+            raise ValueError(f"texture_prior needs one share per texture (num_textures={self.num_textures}); "
+                             f"got {self.texture_prior}")
+        if self.num_textures and (min(self.texture_prior) <= 0 or abs(sum(self.texture_prior) - 1) > 1e-4):
+            raise ValueError(f"texture_prior must be positive shares summing to 1; got {self.texture_prior}")
         if any(2 * w % self.group_channels for w in self.widths):
             raise ValueError("2 x every width must be a multiple of group_channels")
         if self.free_transitions:

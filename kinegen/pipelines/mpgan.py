@@ -35,7 +35,8 @@ class MPGANGenerator(ModelMixin, ConfigMixin):
                  weight_norm: bool = _NET.weight_norm, centering: bool = _NET.centering, mp_lrelu: bool = _NET.mp_lrelu,
                  mp_residual: bool = _NET.mp_residual, ff_heads: bool = _NET.ff_heads, free_transitions: bool = False,
                  linear_extraction: bool = False, shared_class_init: bool = False,
-                 positional_channels: int = 0, class_names: list | None = None):
+                 positional_channels: int = 0, num_textures: int = 0, texture_prior: tuple = (),
+                 class_names: list | None = None, texture_names: list | None = None):
         # The three R3GAN2 switches default to off here so that generators saved before they existed
         # (their config.json lacks them) load as they were built; new ones save them explicitly.
         super().__init__()
@@ -45,10 +46,17 @@ class MPGANGenerator(ModelMixin, ConfigMixin):
     @classmethod
     def from_gan_config(cls, cfg: GANConfig, class_names: list[str]) -> MPGANGenerator:
         kw = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in D_ONLY_FIELDS}
-        return cls(**{**kw, "widths": list(cfg.widths)}, class_names=list(class_names))
+        textures = None
+        if cfg.num_textures:  # texture labels are trained on the shapes data only (kinegen train gan)
+            from ..data.shapes import TEXTURES
 
-    def forward(self, z: torch.Tensor, class_labels: torch.Tensor) -> torch.Tensor:
-        return self.net(z, class_labels)
+            textures = list(TEXTURES)
+        return cls(**{**kw, "widths": list(cfg.widths), "texture_prior": list(cfg.texture_prior)},
+                   class_names=list(class_names), texture_names=textures)
+
+    def forward(self, z: torch.Tensor, class_labels: torch.Tensor, textures: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        return self.net(z, class_labels, textures)
 
 
 @dataclasses.dataclass
@@ -80,6 +88,30 @@ class MPGANPipeline(DiffusionPipeline):
         names = self.gan.config.class_names
         return list(names) if names else [str(i) for i in range(self.gan.config.num_classes)]
 
+    @property
+    def texture_names(self) -> list[str]:
+        """The background textures this generator takes as labels (empty: none)."""
+        return list(getattr(self.gan.config, "texture_names", None) or [])
+
+    def get_texture_ids(self, textures, n: int) -> list[int]:
+        """One texture index per image from a name, an index or a list of ``n`` of them; a clear error otherwise."""
+        names = self.texture_names
+        if not names:
+            raise ValueError("this generator was trained without texture labels; leave textures out.")
+        one = isinstance(textures, (int, str, np.integer))
+        items = [textures] * n if one else list(textures)
+        if len(items) != n:
+            raise ValueError(f"got {len(items)} textures for {n} images; give one, or one per image.")
+        out = []
+        for t in items:
+            if isinstance(t, (int, np.integer)) and not isinstance(t, bool) and 0 <= int(t) < len(names):
+                out.append(int(t))
+            elif isinstance(t, str) and t.strip().lower() in names:
+                out.append(names.index(t.strip().lower()))
+            else:
+                raise ValueError(f"unknown texture {t!r}; valid textures: {', '.join(names)}.")
+        return out
+
     def get_label_ids(self, labels) -> list[int]:
         """Class indices from names or indices; unknown ones raise a ValueError listing the valid names."""
         names = self.class_names
@@ -100,7 +132,7 @@ class MPGANPipeline(DiffusionPipeline):
     @torch.no_grad()
     def __call__(self, class_labels=None, num_images_per_label: int = 1, seeds=None,
                  generator: torch.Generator | list[torch.Generator] | None = None, truncation: float = 1.0,
-                 batch_size: int = 64, output_type: str = "pil", return_dict: bool = True):
+                 textures=None, batch_size: int = 64, output_type: str = "pil", return_dict: bool = True):
         """Generate images.
 
         Args:
@@ -110,6 +142,9 @@ class MPGANPipeline(DiffusionPipeline):
             generator: instead of seeds, a torch.Generator (or one per image) to draw latents from.
             truncation: 1.0 = no truncation; below 1, latents are redrawn inside +-2 and scaled by it
                 (higher fidelity, less variety; a heuristic, R3GAN has no mapping network).
+            textures: for a generator trained with texture labels (``texture_names``), the background: a name,
+                an index, or one per image; None: each latent draws its own at the training data's shares (the
+                same for a seed whatever the truncation).
             batch_size: images per generator forward (the result does not depend on it).
             output_type: "pil", "np" (``[N, H, W, 3]`` in [0, 1]) or "pt" (``[N, 3, H, W]`` in [0, 1]).
         """
@@ -135,8 +170,16 @@ class MPGANPipeline(DiffusionPipeline):
         zs = torch.stack([truncated_normal((z_dim,), g) * truncation if truncation < 1 else
                           torch.randn(z_dim, generator=g) for g in gens])
         labels = torch.tensor(ids, dtype=torch.long)
+        tex = None
+        if textures is not None:
+            tex = torch.tensor(self.get_texture_ids(textures, n), dtype=torch.long)
+        elif self.texture_names:  # drawn from the latent before truncation scaled it
+            from ..models.mpgan import texture_of_latent
+
+            tex = texture_of_latent(zs / truncation, tuple(self.gan.config.texture_prior))
         device, dtype = self.gan.device, self.gan.dtype
-        out = torch.cat([self.gan(zs[i:i + batch_size].to(device, dtype), labels[i:i + batch_size].to(device))
+        out = torch.cat([self.gan(zs[i:i + batch_size].to(device, dtype), labels[i:i + batch_size].to(device),
+                                  None if tex is None else tex[i:i + batch_size].to(device))
                          for i in range(0, n, batch_size)])
         images = (out.float().clamp(-1, 1) + 1) / 2
         if output_type == "pt":

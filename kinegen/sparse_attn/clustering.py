@@ -69,13 +69,21 @@ class WindowGrid:
 
 
 @functools.lru_cache(maxsize=64)
-def window_grid(grid: tuple[int, int, int], window: tuple[int, int, int]) -> WindowGrid:
-    """Windows of ``window`` tokens over ``grid`` (cached: grids repeat every step and layer)."""
+def window_grid(grid: tuple[int, int, int], window: tuple[int, int, int], lead_frames: int = 0) -> WindowGrid:
+    """Windows of ``window`` tokens over ``grid`` (cached: grids repeat every step and layer).
+
+    ``lead_frames``: the first frames form windows of their own along the frame axis (their rows and
+    columns cut as usual), and the frame windows of ``wf`` frames start after them. A causal video VAE
+    (Wan's) codes the first video frame alone into the first latent frame, whose tokens differ from the
+    rest; ``lead_frames=1`` keeps them out of the second frame's windows.
+    """
     F, H, W = grid
     wf, wh, ww = (min(w, g) for w, g in zip(window, grid, strict=True))
-    counts = (math.ceil(F / wf), math.ceil(H / wh), math.ceil(W / ww))
+    lead = min(max(0, lead_frames), F - 1) if wf > 1 else 0
     f, h, w = torch.meshgrid(torch.arange(F), torch.arange(H), torch.arange(W), indexing="ij")
-    wid = ((f // wf) * counts[1] + h // wh) * counts[2] + w // ww
+    frame_window = torch.where(f < lead, f, (f - lead) // wf + lead)
+    counts = (lead + math.ceil((F - lead) / wf), math.ceil(H / wh), math.ceil(W / ww))
+    wid = (frame_window * counts[1] + h // wh) * counts[2] + w // ww
     wid = wid.reshape(-1)
     n_win = counts[0] * counts[1] * counts[2]
     sizes = torch.bincount(wid, minlength=n_win)
@@ -241,15 +249,16 @@ class ClusterState:
 
 
 def local_kmeans(x: torch.Tensor, grid: tuple[int, int, int], window: tuple[int, int, int], per_window: int = 1,
-                 iters: int = 3, assign_fn=None, update_fn=None) -> tuple[ClusterState, int]:
+                 iters: int = 3, assign_fn=None, update_fn=None, lead_frames: int = 0) -> tuple[ClusterState, int]:
     """Full 3D local-window clustering (an anchor step): grid start, then ``iters`` Lloyd iterations.
 
     ``assign_fn`` / ``update_fn`` replace :func:`assign_local` / :func:`update_centroids` (the Triton
-    kernels have the same signatures). Returns the state and the number of distance evaluations.
+    kernels have the same signatures); ``lead_frames`` as in :func:`window_grid`. Returns the state and
+    the number of distance evaluations.
     """
     assign_fn = assign_fn or assign_local
     update_fn = update_fn or update_centroids
-    wg = window_grid(tuple(grid), tuple(window))
+    wg = window_grid(tuple(grid), tuple(window), lead_frames)
     if wg.grid[0] * wg.grid[1] * wg.grid[2] != x.shape[2]:
         raise ValueError(f"grid {grid} has {math.prod(grid)} tokens but x has {x.shape[2]}.")
     centroids = grid_init(x, wg, per_window, update_fn)
@@ -270,13 +279,13 @@ def local_kmeans(x: torch.Tensor, grid: tuple[int, int, int], window: tuple[int,
 
 
 def refine(x: torch.Tensor, state: ClusterState, grid, window, per_window: int, fraction: float,
-           assign_fn=None, update_fn=None) -> tuple[ClusterState, int]:
+           assign_fn=None, update_fn=None, lead_frames: int = 0) -> tuple[ClusterState, int]:
     """A hybrid (non-anchor) step: re-assign the ``fraction`` of tokens with the smallest margin at their
     last assignment (the margin averaged over batch and heads, so one subset serves every head), keep the
     other labels, and update the centroids once from all tokens."""
     assign_fn = assign_fn or assign_local
     update_fn = update_fn or update_centroids
-    wg = window_grid(tuple(grid), tuple(window))
+    wg = window_grid(tuple(grid), tuple(window), lead_frames)
     B, Hh, N, _ = x.shape
     m = max(1, int(round(fraction * N)))
     # One shared subset keeps the kernel's gather regular: the tokens least certain on average over heads (over

@@ -56,6 +56,10 @@ class HVAConfig:
             holds ``per_window`` centroids at the start). Queries: 2x8x8 (two tiles of 64 rows). Keys,
             ``None`` (default): by layout, 1x8x8 (one tile) for ``tiles``, 1x4x4 for ``lists``, where a key
             cluster costs its tokens rather than whole tiles and finer clusters select more precisely.
+        lead_frames: latent frames at the start whose queries are clustered in windows of their own (one
+            frame deep) instead of sharing the first ``q_window`` with the frames after them. Wan's causal
+            VAE codes the first video frame alone into the first latent frame, so its tokens differ from
+            the next frame's; measured in benchmarks/sparse_attention.md.
         per_window: centroids per window.
         iters: Lloyd iterations at anchor calls.
         anchor_every: full clustering every this many calls (the first call is always an anchor).
@@ -91,6 +95,7 @@ class HVAConfig:
     min_key_share: float = 0.15
     q_window: tuple[int, int, int] = (2, 8, 8)
     k_window: tuple[int, int, int] | None = None
+    lead_frames: int = 0
     per_window: int = 1
     iters: int = 3
     anchor_every: int = 5
@@ -121,6 +126,9 @@ class HVAConfig:
             setattr(self, name, w)
         if self.selection not in B.SELECTIONS:
             raise ValueError(f"selection must be one of {', '.join(B.SELECTIONS)}; got {self.selection!r}")
+        if self.lead_frames < 0:
+            raise ValueError(f"lead_frames must be 0 or more (latent frames in query windows of their own); "
+                             f"got {self.lead_frames}")
         if self.per_window < 1 or self.iters < 1 or self.anchor_every < 1 or self.tile < 1:
             raise ValueError("per_window, iters, anchor_every and tile must be at least 1")
         if not 0 < self.reassign <= 1:
@@ -503,11 +511,12 @@ class HVAttention(_ClusteredSparseAttention):
         fa, fu = self._kernels(q)
         k_window = self.k_window
         if anchor:
-            qs, eq = local_kmeans(q, grid, cfg.q_window, cfg.per_window, cfg.iters, fa, fu)
-            ks, ek = local_kmeans(k, grid, k_window, cfg.per_window, cfg.iters, fa, fu)
+            qs, eq = local_kmeans(q, grid, cfg.q_window, cfg.per_window, cfg.iters, fa, fu, cfg.lead_frames)
+            ks, ek = local_kmeans(k, grid, k_window, cfg.per_window, cfg.iters, fa, fu, cfg.lead_frames)
         else:
-            qs, eq = refine(q, self.q_state, grid, cfg.q_window, cfg.per_window, cfg.reassign, fa, fu)
-            ks, ek = refine(k, self.k_state, grid, k_window, cfg.per_window, cfg.reassign, fa, fu)
+            qs, eq = refine(q, self.q_state, grid, cfg.q_window, cfg.per_window, cfg.reassign, fa, fu,
+                            cfg.lead_frames)
+            ks, ek = refine(k, self.k_state, grid, k_window, cfg.per_window, cfg.reassign, fa, fu, cfg.lead_frames)
         return qs, ks, {"anchor": anchor, "distance_evals": eq + ek}
 
     def _merge(self, q, q_state, k, k_state):

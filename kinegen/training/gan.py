@@ -57,10 +57,16 @@ def network_config(cfg: GANTrainConfig, num_classes: int) -> GANConfig:
         raise ConfigError("--separate-class-head is the label-matching term's classifier: set --class-weight too.")
     if cfg.mbstd_group and cfg.batch_size % cfg.mbstd_group:
         raise ConfigError(f"--batch-size ({cfg.batch_size}) must be a multiple of --mbstd-group ({cfg.mbstd_group}).")
+    prior = ()
+    if cfg.texture_labels:
+        from ..data.shape_images import TEXTURE_PRIOR
+
+        prior = TEXTURE_PRIOR
     try:
         return GANConfig(resolution=cfg.resolution, num_classes=num_classes, widths=widths,
                          mbstd_group=cfg.mbstd_group, separate_class_head=cfg.separate_class_head,
-                         positional_channels=cfg.positional_channels, spectral_weight=cfg.spectral_weight, **flags)
+                         positional_channels=cfg.positional_channels, spectral_weight=cfg.spectral_weight,
+                         num_textures=len(prior), texture_prior=prior, **flags)
     except ValueError as e:
         raise ConfigError(f"GAN settings: {e}") from None
 
@@ -100,6 +106,13 @@ class ShapesData:
         labels = idx % len(self.classes)
         imgs = batch(idx, labels, self.resolution)
         return _to_tensor(imgs), torch.from_numpy(labels).long()
+
+    def textures(self, indices: np.ndarray) -> torch.Tensor:
+        """The background texture (an index in ``kinegen.data.shapes.TEXTURES``) of each image of :meth:`batch`."""
+        from ..data.shape_images import image_texture
+
+        idx = indices % self.pool
+        return torch.tensor([image_texture(int(i), int(i) % len(self.classes)) for i in idx], dtype=torch.long)
 
 
 class FolderData:
@@ -158,6 +171,9 @@ def _to_tensor(imgs: np.ndarray) -> torch.Tensor:
 
 
 def make_data(cfg: GANTrainConfig):
+    if cfg.texture_labels and cfg.data != "shapes":
+        raise ConfigError("--texture-labels needs the shapes data (its images know their background texture); "
+                          f"got --data {cfg.data}.")
     if cfg.data == "shapes":
         return ShapesData(cfg.resolution, cfg.dataset_images)
     if cfg.data.startswith("imagefolder:"):
@@ -184,9 +200,9 @@ def ema_sigmas(cfg: GANTrainConfig) -> tuple[float, ...]:
 
 def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -> None:
     """Load G and D from another run's checkpoint (``--init RUN``): a fine-tune with a fresh optimiser and
-    schedule. The networks must be the run's, except that G may add positional maps (``positional_channels``)
-    and D the spectral classifier (``spectral_weight``), which then start as the no-op they are at
-    initialisation."""
+    schedule. The networks must be the run's, except that G may add positional maps (``positional_channels``),
+    D the spectral classifier (``spectral_weight``) and both texture labels (``num_textures``), which then start
+    as the no-op they are at initialisation."""
     from safetensors.torch import load_file
 
     ckpt = init / "checkpoint"
@@ -198,22 +214,27 @@ def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -
         raise ConfigError(f"--init {init} has {src.positional_channels} positional channels; use the same number.")
     if src.spectral_weight and src.spectral_weight != net.spectral_weight:
         raise ConfigError(f"--init {init} has --spectral-weight {src.spectral_weight}; use the same weight.")
-    if dataclasses.replace(src, positional_channels=net.positional_channels,
-                           spectral_weight=net.spectral_weight) != net:
+    if src.num_textures and src.num_textures != net.num_textures:
+        raise ConfigError(f"--init {init} was trained with texture labels; keep --texture-labels true.")
+    if dataclasses.replace(src, positional_channels=net.positional_channels, spectral_weight=net.spectral_weight,
+                           num_textures=net.num_textures, texture_prior=net.texture_prior) != net:
         diff = [f.name for f in dataclasses.fields(net) if getattr(src, f.name) != getattr(net, f.name)]
         raise ConfigError(f"--init {init} is another network (it differs in {', '.join(diff)}); give the same "
                           "--variant, --widths and switches as that run (only --positional-channels and "
-                          "--spectral-weight may be added).")
+                          "--spectral-weight may be added, and --texture-labels turned on).")
     missing_d, unexpected_d = d.load_state_dict(load_file(str(ckpt / "discriminator.safetensors")), strict=False)
-    if unexpected_d or any(k != "spectral.weight" for k in missing_d):
+    if unexpected_d or any(k not in ("spectral.weight", "texture_embed.weight") for k in missing_d):
         raise ConfigError(f"--init {init}: its discriminator's weights do not fit (missing {missing_d}, unexpected "
                           f"{unexpected_d}).")
     missing, unexpected = g.load_state_dict(load_file(str(ckpt / "generator.safetensors")), strict=False)
-    if unexpected or any(not k.startswith("positional.") for k in missing):
+    if unexpected or any(not k.startswith("positional.") and k != "texture_embed.weight" for k in missing):
         raise ConfigError(f"--init {init}: its generator's weights do not fit (missing {missing}, unexpected "
                           f"{unexpected}).")
     step = json.loads((ckpt / "state.json").read_text())["step"] if (ckpt / "state.json").is_file() else "?"
-    new = [f"{len(missing)} positional tensors"] * bool(missing) + ["the spectral classifier"] * bool(missing_d)
+    positional = [k for k in missing if k.startswith("positional.")]
+    new = ([f"{len(positional)} positional tensors"] * bool(positional)
+           + ["the spectral classifier"] * ("spectral.weight" in missing_d)
+           + ["the texture labels"] * ("texture_embed.weight" in missing_d))
     print(f"starting from {init} (its step {step})" + (f"; {' and '.join(new)} start at their no-op" if new else ""),
           flush=True)
 
@@ -283,6 +304,7 @@ def train_gan(run_dir: str | Path, cfg: GANTrainConfig) -> Path:
         else:
             idx = rng.integers(0, 2**31 - 1, cfg.batch_size)
         real, labels = data.batch(idx)
+        textures = data.textures(idx) if net.num_textures else None  # fakes are drawn with the reals' textures
         c = _cos(step, cfg.steps)
         lr, gamma, beta2 = lr0 * (0.1 + 0.9 * c), cfg.gamma * (0.1 + 0.9 * c), 0.99 - 0.09 * c
         for opt in (opt_g, opt_d):
@@ -290,20 +312,20 @@ def train_gan(run_dir: str | Path, cfg: GANTrainConfig) -> Path:
                 group["lr"], group["betas"] = lr, (0.0, beta2)
         # D step
         with torch.no_grad():
-            fake = g(torch.randn(cfg.batch_size, net.z_dim, generator=gen), labels)
-        loss_d, stats = discriminator_loss(d, real, fake, labels, gamma, cfg.class_weight)
+            fake = g(torch.randn(cfg.batch_size, net.z_dim, generator=gen), labels, textures)
+        loss_d, stats = discriminator_loss(d, real, fake, labels, gamma, cfg.class_weight, textures)
         opt_d.zero_grad(set_to_none=True)
         loss_d.backward()
         opt_d.step()
         renormalize_(d)
         # G step
         z = torch.randn(cfg.batch_size, net.z_dim, generator=gen)
-        fake = g(z, labels)
+        fake = g(z, labels, textures)
         d.requires_grad_(False)  # the backward then skips D's weight gradients (about a tenth of a step)
-        loss_g, gstats = generator_loss(d, real, fake, labels, cfg.class_weight * cfg.g_class_share)
+        loss_g, gstats = generator_loss(d, real, fake, labels, cfg.class_weight * cfg.g_class_share, textures)
         if cfg.diversity_weight:
             z2 = torch.randn(cfg.batch_size, net.z_dim, generator=gen)
-            div = diversity_term(fake, g(z2, labels), z, z2, cfg.diversity_bound)
+            div = diversity_term(fake, g(z2, labels, textures), z, z2, cfg.diversity_bound)
             loss_g = loss_g - cfg.diversity_weight * div
             gstats["g_div"] = float(div.detach())
         if cfg.spectrum_match:

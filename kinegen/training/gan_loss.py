@@ -50,19 +50,20 @@ def gradient_penalty(logits: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor
     return grad.square().flatten(1).sum(1)
 
 
-def _logits(d, x: torch.Tensor, labels: torch.Tensor, class_weight: float):
+def _logits(d, x: torch.Tensor, labels: torch.Tensor, class_weight: float, textures: torch.Tensor | None = None):
     """``D(x, y)`` and, when the label-matching term is on, the logits under every class (else None)."""
     if not class_weight:
-        return d(x, labels), None
-    return d.logits_for_label_matching(x, labels)
+        return d(x, labels, textures), None
+    return d.logits_for_label_matching(x, labels, textures)
 
 
 def discriminator_loss(d, real: torch.Tensor, fake: torch.Tensor, labels: torch.Tensor, gamma: float,
-                       class_weight: float = 0.0):
-    """Returns ``(loss, stats)``; ``fake`` must come from the generator without a graph to it."""
+                       class_weight: float = 0.0, textures: torch.Tensor | None = None):
+    """Returns ``(loss, stats)``; ``fake`` must come from the generator without a graph to it. With texture
+    labels (``GANConfig.num_textures``), ``textures`` are the reals' and the fakes were drawn with them too."""
     real = real.detach().requires_grad_(True)
     fake = fake.detach().requires_grad_(True)
-    (d_real, every_real), d_fake = _logits(d, real, labels, class_weight), d(fake, labels)
+    (d_real, every_real), d_fake = _logits(d, real, labels, class_weight, textures), d(fake, labels, textures)
     adv = F.softplus(d_fake - d_real)
     r1, r2 = gradient_penalty(d_real, real), gradient_penalty(d_fake, fake)
     loss = (adv + gamma / 2 * (r1 + r2)).mean()
@@ -87,12 +88,13 @@ def diversity_term(fake: torch.Tensor, fake2: torch.Tensor, z: torch.Tensor, z2:
     return ratio.clamp(max=bound).mean()
 
 
-def generator_loss(d, real: torch.Tensor, fake: torch.Tensor, labels: torch.Tensor, class_weight: float = 0.0):
+def generator_loss(d, real: torch.Tensor, fake: torch.Tensor, labels: torch.Tensor, class_weight: float = 0.0,
+                   textures: torch.Tensor | None = None):
     """Returns ``(loss, stats)``. ``D(x_r)`` is a constant for G, so it is taken without a graph; the caller
     freezes D's parameters for the backward (their gradients would be thrown away)."""
     with torch.no_grad():
-        d_real = d(real, labels)
-    d_fake, every_fake = _logits(d, fake, labels, class_weight)
+        d_real = d(real, labels, textures)
+    d_fake, every_fake = _logits(d, fake, labels, class_weight, textures)
     adv = F.softplus(d_real - d_fake).mean()
     stats = {"g_adv": float(adv.detach())}
     if every_fake is None:
