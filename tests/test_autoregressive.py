@@ -170,9 +170,11 @@ def test_training_in_the_cache_layout_is_what_the_rolling_cache_computes(wan):
 
 
 @torch.no_grad()
-def test_teacher_forcing_in_one_forward_is_what_the_sampler_computes(wan):
+@pytest.mark.parametrize("context_noise", [0.0, 0.2])
+def test_teacher_forcing_in_one_forward_is_what_the_sampler_computes(wan, context_noise):
     """One forward over [clean window; noisy copy] with the teacher-forcing mask gives, for each noisy chunk, what a
-    denoising forward of that chunk gives against a cache of the clean chunks committed before it."""
+    denoising forward of that chunk gives against a cache of the clean chunks committed before it (committed
+    clean, or noised to a context-noise level at its timestep, as ``kinegen train ar --context-noise`` trains)."""
     from kinegen.pipelines.causal_wan import teacher_forcing_mask
 
     assert teacher_forcing_mask(torch.tensor([0, 1]), 1).int().tolist() == [
@@ -180,13 +182,14 @@ def test_teacher_forcing_in_one_forward_is_what_the_sampler_computes(wan):
     tr = wan.transformer
     clean, text, _ = _inputs(tr, frames=5)
     noisy = torch.randn_like(clean)
+    clean = (1 - context_noise) * clean + context_noise * torch.randn_like(clean)
     t_noisy = torch.tensor([0.0, 300.0, 300.0, 700.0, 700.0])  # per latent frame: chunk 0 at 0 (a sink), 1, 2
     tokens = 16
     state = make_causal(tr)
     try:
         state.chunk_ids, state.teacher_forcing = torch.tensor([0, 1, 1, 2, 2]), True
         state.frame_positions = torch.tensor([[0, 5, 6, 7, 8] * 2])
-        timestep = torch.cat([torch.zeros(5), t_noisy]).repeat_interleave(tokens)[None]
+        timestep = torch.cat([torch.full((5,), 1000 * context_noise), t_noisy]).repeat_interleave(tokens)[None]
         both = tr(torch.cat([clean, noisy], dim=2), timestep, text, return_dict=False)[0]
         state.chunk_ids, state.teacher_forcing, state.frame_positions = None, False, None
         for start, pos, n in ((0, 0, 1), (1, 5, 2), (3, 7, 2)):
@@ -195,7 +198,8 @@ def test_teacher_forcing_in_one_forward_is_what_the_sampler_computes(wan):
             denoised = tr(noisy[:, :, start:start + n], t, text, return_dict=False)[0]
             torch.testing.assert_close(denoised, both[:, :, 5 + start:5 + start + n], rtol=0, atol=1e-5)
             state.commit = True
-            committed = tr(clean[:, :, start:start + n], torch.zeros(1), text, return_dict=False)[0]
+            committed = tr(clean[:, :, start:start + n], torch.full((1,), 1000 * context_noise), text,
+                           return_dict=False)[0]
             torch.testing.assert_close(committed, both[:, :, start:start + n], rtol=0, atol=1e-5)
     finally:
         state.remove()
@@ -267,6 +271,33 @@ def test_a_prompt_switch_with_guidance_recaches_both_branches(ar):
              width=32, num_frames=17, num_inference_steps=2, guidance_scale=3.0, chunk_frames=2, window_frames=3,
              sink_frames=1, output_type="latent")
     assert out.frames.shape[2] == 5 and torch.isfinite(out.frames).all()
+
+
+@torch.no_grad()
+def test_context_noise_commits_each_chunk_noised_at_its_level(ar, monkeypatch):
+    """With ``context_noise`` s, the commit forward runs on ``(1 - s) x_0 + s e`` at timestep 1000 s; 0 is clean."""
+    kw = dict(height=32, width=32, num_frames=17, chunk_frames=2, num_inference_steps=1, output_type="latent")
+    calls, forward = [], ar._forward
+
+    def spy(latents, t, embeds, state, *, frame_offset, commit):
+        if commit:
+            calls.append((float(t), latents.clone()))
+        return forward(latents, t, embeds, state, frame_offset=frame_offset, commit=commit)
+
+    monkeypatch.setattr(ar, "_forward", spy)
+    clean = ar("a red circle", generator=torch.Generator().manual_seed(1), **kw).frames
+    assert [t for t, _ in calls] == [0.0, 0.0, 0.0] and torch.equal(calls[0][1], clean[:, :, :1])
+    calls.clear()
+    noised = ar("a red circle", generator=torch.Generator().manual_seed(1), context_noise=0.25, **kw).frames
+    assert [t for t, _ in calls] == [250.0, 250.0, 250.0]
+    torch.testing.assert_close(noised[:, :, :1], clean[:, :, :1])  # the first chunk is denoised before any commit
+    committed = calls[0][1]
+    assert not torch.allclose(committed, noised[:, :, :1])
+    noise = (committed - 0.75 * noised[:, :, :1]) / 0.25  # what was added is unit Gaussian noise
+    assert 0.8 < float(noise.std()) < 1.2 and abs(float(noise.mean())) < 0.2
+    assert not torch.allclose(noised[:, :, 1:], clean[:, :, 1:])  # later chunks see the noised history
+    with pytest.raises(ConfigError, match="context_noise is a noise level in \\[0, 1\\)"):
+        ar("a red circle", context_noise=1.0, **kw)
 
 
 def test_bad_settings_are_refused_with_the_valid_values(ar):
@@ -385,6 +416,12 @@ def test_diffusion_forcing_trains_resumes_and_exports_a_causal_pipeline(tmp_path
     assert main(["train", "ar", "--run", str(other), *args[4:], "--steps", "2", "--teacher-forcing", "false",
                  "--recycle-prob", "1", "--guidance", "2"]) == 0
     assert json.loads((other / "pipeline" / "kinegen_defaults.json").read_text())["guidance"] == 2.0
+    # Teacher forcing with the history noised as the export will commit it.
+    noised = tmp_path / "context-noise"
+    assert main(["train", "ar", "--run", str(noised), *args[4:], "--steps", "2", "--context-noise", "0.2"]) == 0
+    assert kinegen.load_pipeline(str(noised / "pipeline")).config.context_noise == 0.2
+    assert main(["train", "ar", "--run", str(tmp_path / "bad"), *args[4:], "--steps", "2", "--context-noise", "1"]) == 2
+    assert not (tmp_path / "bad").exists()
 
 
 def test_the_web_service_runs_and_stops_an_autoregressive_model(tmp_path):

@@ -278,6 +278,8 @@ def test_calibrate_rejects_bad_input_before_loading(prompt_files, capsys, prompt
     (["vae", "--export", "afile"], "--export afile is a file; give a folder (for the exported model)."),
     (["vae", "--steps", "0"], "--steps must be at least 1; got 0."),
     (["vae", "--batch-size", "0"], "--batch-size must be at least 1; got 0."),
+    (["ar", "--context-noise", "1"], "--context-noise must be 0 to 0.99; got 1.0."),
+    (["ar", "--context-noise", "0.2", "--teacher-forcing", "false"], "--context-noise noises the clean history"),
     (["vae", "--lr", "nan"], "--lr must be at least 0; got nan."),
     (["vae", "--crop", "100"], "--crop must be 8 to 64; got 100."),
     (["vae", "--decoder-only", "true"], "--decoder-only fine-tunes a trained VAE's decoder: pass --init VAE_FOLDER."),

@@ -7,7 +7,10 @@ Per chunk (Self-Forcing's inference loop; ../shared/reference/autoregressive_das
    for every chunk), each forward reading the cache (classifier-free guidance runs both branches as one batch of
    two, so the cache holds both);
 2. one more forward of the clean chunk at timestep 0 **commits** it: its keys and values join the cache, which
-   keeps ``sink_frames`` and a rolling ``window_frames`` (memory and cost per chunk stay flat) or every frame;
+   keeps ``sink_frames`` and a rolling ``window_frames`` (memory and cost per chunk stay flat) or every frame.
+   With ``context_noise`` s > 0 the chunk is committed noised to level s, ``(1 - s) x_0 + s e`` at timestep
+   ``1000 s`` (Self-Forcing's ``context_noise``; diffusion forcing's conditioning on slightly noisy history):
+   the model then leans less on details of its own past chunks, whose errors otherwise compound;
 3. a new prompt from the schedule at this chunk **re-caches** (LongLive): the cache is emptied and the clean
    latents of the frames it held are committed again under the new prompt, at their own positions.
 
@@ -109,6 +112,11 @@ GLOBAL_CACHE = "global"
 """``window_frames=GLOBAL_CACHE`` in a call: keep every committed frame (None there means the configured window)."""
 
 
+def _check_context_noise(level: float) -> None:
+    if not 0 <= level < 1:
+        raise ConfigError(f"context_noise is a noise level in [0, 1) (0: commit clean chunks); got {level}.")
+
+
 def chunk_partition(latent_frames: int, chunk_frames: int, first_chunk_frames: int = 1) -> list[int]:
     """Latent frames per chunk: ``[first_chunk_frames, chunk_frames, chunk_frames, ...]``; a clear error naming the
     nearest valid video frame counts when they do not add up."""
@@ -159,15 +167,17 @@ class WanAutoregressivePipeline(WanPipeline):
 
     def __init__(self, tokenizer, text_encoder, vae, scheduler, transformer, transformer_2=None,
                  boundary_ratio=None, expand_timesteps: bool = False, chunk_frames: int = 3,
-                 first_chunk_frames: int = 1, sink_frames: int = 0, window_frames: int | None = None):
+                 first_chunk_frames: int = 1, sink_frames: int = 0, window_frames: int | None = None,
+                 context_noise: float = 0.0):
         if transformer_2 is not None or boundary_ratio is not None or expand_timesteps:
             raise ConfigError("WanAutoregressivePipeline drives one Wan 2.1-style transformer; Wan 2.2's two experts "
                               "and per-token timesteps are not supported.")
         KVCacheConfig(sink_frames=sink_frames, window_frames=window_frames)  # bad settings fail when built
+        _check_context_noise(context_noise)
         super().__init__(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler,
                          transformer=transformer)
         self.register_to_config(chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames,
-                                sink_frames=sink_frames, window_frames=window_frames)
+                                sink_frames=sink_frames, window_frames=window_frames, context_noise=context_noise)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, allow_bidirectional: bool = False, **kwargs):
@@ -214,9 +224,11 @@ class WanAutoregressivePipeline(WanPipeline):
                                           max_sequence_length=self._max_sequence_length, device=device)
         return cond if guidance_scale <= 1 else torch.cat([uncond, cond])
 
-    def _recache(self, state, clean: dict[int, torch.Tensor], chunk_of: dict[int, int], embeds) -> None:
+    def _recache(self, state, clean: dict[int, torch.Tensor], chunk_of: dict[int, int], embeds,
+                 context_noise: float = 0.0) -> None:
         """Empty the cache and commit the frames it held again under ``embeds``, chunk by chunk as they were first
-        committed (within a chunk frames see each other; a chunk never sees a later one)."""
+        committed (within a chunk frames see each other; a chunk never sees a later one). ``clean`` holds the
+        latents as they were committed (noised to ``context_noise``, if it is set)."""
         frames = state.cached_frames
         state.clear()
         runs: list[list[int]] = []  # frames of one chunk at adjacent positions (a sink can split a chunk)
@@ -228,17 +240,18 @@ class WanAutoregressivePipeline(WanPipeline):
         for run in runs:
             x = torch.cat([clean[f] for f in run], dim=2)
             x = torch.cat([x] * (embeds.shape[0] // x.shape[0]))  # both guidance branches, as the commit pass
-            self._forward(x, 0, embeds, state, frame_offset=run[0], commit=True)
+            self._forward(x, 1000 * context_noise, embeds, state, frame_offset=run[0], commit=True)
 
     def _chunks(self, prompt, negative_prompt, height, width, num_frames, num_inference_steps, guidance_scale,
                 chunk_frames, first_chunk_frames, sink_frames, window_frames, generator, max_sequence_length,
-                callback_on_step_end=None):
+                callback_on_step_end=None, context_noise=None):
         """Denoise and commit chunk after chunk, yielding ``(chunk_latents, ChunkStats)``; the model is restored when
         the generator finishes or is closed."""
         device = self._execution_device
         self._max_sequence_length = max_sequence_length
         st = self._settings(chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames,
-                            sink_frames=sink_frames, window_frames=window_frames)
+                            sink_frames=sink_frames, window_frames=window_frames, context_noise=context_noise)
+        _check_context_noise(st["context_noise"])
         if st["window_frames"] == GLOBAL_CACHE:
             st["window_frames"] = None
         cache_config = KVCacheConfig(sink_frames=st["sink_frames"], window_frames=st["window_frames"])
@@ -265,7 +278,7 @@ class WanAutoregressivePipeline(WanPipeline):
                 if c in schedule:
                     embeds = self._embeds(schedule[c], negative_prompt, guidance_scale, device)
                     if c > 0:
-                        self._recache(state, clean, chunk_of, embeds)
+                        self._recache(state, clean, chunk_of, embeds, st["context_noise"])
                 t0 = time.perf_counter()
                 x = torch.randn((1, channels, n, h, w), generator=generator, dtype=torch.float32).to(device)
                 self.scheduler.set_timesteps(num_inference_steps, device=device)
@@ -281,10 +294,15 @@ class WanAutoregressivePipeline(WanPipeline):
                 t1 = time.perf_counter()
                 for hook in hooks:
                     hook.before_commit(x, start)
-                self._forward(torch.cat([x, x]) if guidance_scale > 1 else x, 0, embeds, state, frame_offset=start,
-                              commit=True)
+                level = st["context_noise"]
+                xc = x
+                if level > 0:
+                    noise = torch.randn(x.shape, generator=generator, dtype=torch.float32).to(device)
+                    xc = (1 - level) * x + level * noise
+                self._forward(torch.cat([xc, xc]) if guidance_scale > 1 else xc, 1000 * level, embeds, state,
+                              frame_offset=start, commit=True)
                 for i in range(n):
-                    clean[start + i], chunk_of[start + i] = x[:, :, i:i + 1], c
+                    clean[start + i], chunk_of[start + i] = xc[:, :, i:i + 1], c
                 for f in [f for f in clean if f not in state.cached_frames]:
                     del clean[f]
                 yield x, ChunkStats(c, list(range(start, start + n)), t1 - t0, time.perf_counter() - t1,
@@ -301,7 +319,7 @@ class WanAutoregressivePipeline(WanPipeline):
                  width: int = 832, num_frames: int = 81, num_inference_steps: int = 4, guidance_scale: float = 1.0,
                  chunk_frames: int | None = None, first_chunk_frames: int | None = None,
                  sink_frames: int | None = None, window_frames: int | str | None = None,
-                 generator: torch.Generator | None = None,
+                 context_noise: float | None = None, generator: torch.Generator | None = None,
                  output_type: str = "np", max_sequence_length: int = 226,
                  callback_on_chunk_end: Callable[[int, int, torch.Tensor], None] | None = None,
                  callback_on_step_end: Callable | None = None, return_dict: bool = True):
@@ -315,6 +333,8 @@ class WanAutoregressivePipeline(WanPipeline):
             sink_frames / window_frames: the KV cache's frame sink and rolling window, in latent frames (None = the
                 configuration; ``window_frames="global"``, or a configured None, keeps every frame: memory grows
                 with the video).
+            context_noise: the noise level ``s`` in ``[0, 1)`` at which chunks are committed (None = the
+                configuration; 0: clean, timestep 0).
             callback_on_chunk_end: ``fn(chunk_index, num_chunks, chunk_latents)`` after each commit.
             callback_on_step_end: ``fn(pipe, step, t, {"latents": ...})`` after each denoising step of each chunk
                 (diffusers' convention, ``step`` counted within the chunk; what Kinegen's step progress and the
@@ -325,7 +345,7 @@ class WanAutoregressivePipeline(WanPipeline):
         chunks, stats = [], []
         run = self._chunks(prompt, negative_prompt, height, width, num_frames, num_inference_steps, guidance_scale,
                            chunk_frames, first_chunk_frames, sink_frames, window_frames, generator,
-                           max_sequence_length, callback_on_step_end)
+                           max_sequence_length, callback_on_step_end, context_noise)
         bar = None
         for x, st, total in run:
             if bar is None:
@@ -350,13 +370,14 @@ class WanAutoregressivePipeline(WanPipeline):
         decoder = StreamingWanDecoder(self.vae)
         keys = ("negative_prompt", "height", "width", "num_frames", "num_inference_steps", "guidance_scale",
                 "chunk_frames", "first_chunk_frames", "sink_frames", "window_frames", "generator",
-                "max_sequence_length", "callback_on_step_end")
+                "max_sequence_length", "callback_on_step_end", "context_noise")
         unknown = sorted(set(kwargs) - set(keys))
         if unknown:
             raise ConfigError(f"stream() takes {', '.join(keys)}; not {', '.join(unknown)}.")
         args = dict(negative_prompt=None, height=480, width=832, num_frames=81, num_inference_steps=4,
                     guidance_scale=1.0, chunk_frames=None, first_chunk_frames=None, sink_frames=None,
-                    window_frames=None, generator=None, max_sequence_length=226, callback_on_step_end=None)
+                    window_frames=None, generator=None, max_sequence_length=226, callback_on_step_end=None,
+                    context_noise=None)
         args.update(kwargs)
         for x, st, total in self._chunks(prompt, **args):
             t0 = time.perf_counter()

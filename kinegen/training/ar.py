@@ -32,6 +32,9 @@ Two more things bring training closer to inference:
   ``x_0_hat = x_t - s v_theta``; that estimate, with the model's blur and colour errors in it, is the history the
   noisy chunks are trained to continue from, while their targets stay the real video. A cheap stand-in for
   training on whole rollouts (one extra forward without gradients, not 20 steps per chunk).
+- **Noisy context** (``context_noise``, teacher forcing only): the clean copy is noised to this level,
+  ``(1 - s) x_0 + s e`` at timestep ``1000 s``, as the exported pipeline (whose ``context_noise`` it sets) commits
+  chunks; the model learns to continue from history whose fine detail it cannot trust.
 
 The text encoder stays frozen; an EMA of the transformer is exported as a ``WanAutoregressivePipeline`` folder.
 """
@@ -197,10 +200,14 @@ def teacher_forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, 
             state.chunk_ids, state.teacher_forcing = ids, False
             context = one_step_estimate(transformer, x0, sig_back, noise.flip(0), ids, tokens, text)  # other noise
     _, xt, timestep = noised(x0, sig, noise, ids, tokens)
+    level = torch.full((b, chunks), cfg.context_noise)
+    if cfg.context_noise:  # committed as the exported pipeline commits: (1 - s) x_0 + s e at timestep 1000 s
+        _, context, _ = noised(context, level, torch.randn(x0.shape, generator=gen), ids, tokens)
     positions = state.frame_positions
     state.chunk_ids, state.teacher_forcing = ids, True
     state.frame_positions = torch.cat([positions, positions], dim=1)
-    timestep = torch.cat([torch.zeros(b, f * tokens), timestep], dim=1)  # the clean copy at t = 0
+    context_t = (level[:, ids] * 1000).repeat_interleave(tokens, dim=1)
+    timestep = torch.cat([context_t, timestep], dim=1)  # the clean copy at t = 0 (or its context-noise level)
     try:
         pred = transformer(torch.cat([context, xt], dim=2), timestep=timestep, encoder_hidden_states=text,
                            return_dict=False)[0][:, :, f:]
@@ -312,7 +319,7 @@ def export_ar_pipeline(folder: Path, base, transformer, cfg: ARTrainConfig) -> P
     pipe = WanAutoregressivePipeline(tokenizer=base.tokenizer, text_encoder=base.text_encoder, vae=base.vae,
                                      scheduler=build_scheduler(cfg.flow_shift), transformer=transformer.eval(),
                                      chunk_frames=cfg.chunk_frames, sink_frames=cfg.sink_frames,
-                                     window_frames=cfg.window_frames)
+                                     window_frames=cfg.window_frames, context_noise=cfg.context_noise)
     pipe.save_pretrained(folder, safe_serialization=True)
     # 20 steps per chunk, as the bundled model samples: diffusion forcing does not distil the sampler (a few-step
     # student, as Self-Forcing's 4 steps, would be a further stage). 121 frames at 24 fps: a 5-second video.

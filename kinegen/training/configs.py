@@ -66,6 +66,7 @@ class ARTrainConfig:
     cache_layout: bool = True  # train later windows after the sink at position 0, as the rolling cache holds them
     recycle_prob: float = 0.5  # share of steps whose clean history is the model's own estimate of it (error recycling)
     recycle_sigma: float = 0.5  # the highest noise level that estimate is made from
+    context_noise: float = 0.0  # teacher forcing: the clean copy noised to this level, as the export commits chunks
     cfg_dropout: float = 0.1
     flow_shift: float = 3.0
     ema: float = 0.999
