@@ -94,6 +94,8 @@ def main(argv=None) -> int:
     ap.add_argument("--split", default="train", choices=["train", "held_out"])
     ap.add_argument("--steps", type=int, default=None, help="denoising steps (per chunk; default: the model's)")
     ap.add_argument("--guidance", type=float, default=None, help="--method ar: guidance scale (default: the model's)")
+    ap.add_argument("--context-noise", type=float, default=None,
+                    help="--method ar: the noise level chunks are committed at (default: the model's)")
     ap.add_argument("--prompt-seed", type=int, default=1,
                     help="prompts: adherence_prompts(n, split, seed=this); 1 = the benchmark's, others for tuning")
     ap.add_argument("--vae", default=None, help="decode with this VAE folder instead of the model's (one with the "
@@ -108,6 +110,10 @@ def main(argv=None) -> int:
 
     pipe = kinegen.load_pipeline(args.model)
     pipe.set_progress_bar_config(disable=True)
+    if args.context_noise is not None:
+        if args.method != "ar":
+            raise SystemExit("--context-noise is a setting of chunk-by-chunk models (--method ar)")
+        pipe.register_to_config(context_noise=args.context_noise)
     if args.vae:
         from diffusers import AutoencoderKLWan
 
@@ -151,6 +157,7 @@ def main(argv=None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M"), "model": args.model, "vae": args.vae, "method": args.method,
         "history": args.history if args.method == "window-extend" else None, "frames": args.frames,
         "guidance": args.guidance, "prompt_seed": args.prompt_seed,
+        "context_noise": pipe.config.get("context_noise") if args.method == "ar" else None,
         "split": args.split, "prompts": args.prompts, "windows_per_video": n,
         "right": {a: share(a) for a in ("shape", "colour", "motion")},
         "first_quarter": {a: share(a, slice(0, q)) for a in ("shape", "colour", "motion")},

@@ -135,13 +135,12 @@ class ClassEmbedding(Conv):
 class TextureEmbedding(nn.Module):
     """A table of background-texture vectors (``GANConfig.num_textures``), zero at the start so that a network
     fine-tuned with texture labels starts as the one it was; stored divided by ``gain`` (an equalised learning
-    rate: Adam moves the stored values by about the learning rate per step, so the vectors reach the unit size
-    of the class vectors within a few hundred steps of a fine-tune's learning rate)."""
+    rate: Adam moves the stored values by about the learning rate per step, so with a fine-tune's 2e-4 the
+    vectors can reach the unit size of the class vectors in tens of steps rather than thousands)."""
 
-    gain = 10.0
-
-    def __init__(self, num_textures: int, embed_dim: int):
+    def __init__(self, num_textures: int, embed_dim: int, gain: float):
         super().__init__()
+        self.gain = gain
         self.weight = nn.Parameter(torch.zeros(num_textures, embed_dim))
 
     def forward(self, textures: torch.Tensor) -> torch.Tensor:
@@ -295,7 +294,8 @@ class Generator(nn.Module):
         self.positional = nn.ModuleList(PositionalMap(cfg.positional_channels, 4 * 2**i, c, cfg)
                                         for i, c in enumerate(cfg.widths) if i and cfg.positional_channels)
         self.to_rgb = Conv(cfg.widths[-1], 3, 1, bias=True, mp=mp, centering=False)
-        self.texture_embed = TextureEmbedding(cfg.num_textures, cfg.embed_dim) if cfg.num_textures else None
+        self.texture_embed = (TextureEmbedding(cfg.num_textures, cfg.embed_dim, cfg.texture_gain)
+                              if cfg.num_textures else None)
         # A learned output gain, initialised to 1 as in R3GAN's successor. (EDM2's denoiser starts its
         # output gain at 0; here that gain was still +-0.05 after 1,000 steps and G had grown its last
         # features ~11x instead: docs/gan.md.)
@@ -434,7 +434,8 @@ class Discriminator(nn.Module):
         if cfg.spectral_weight:
             self.spectral = nn.Linear(int(spectrum_rings(cfg.resolution).max()) + 1, 1, bias=False)
             nn.init.zeros_(self.spectral.weight)
-        self.texture_embed = TextureEmbedding(cfg.num_textures, cfg.embed_dim) if cfg.num_textures else None
+        self.texture_embed = (TextureEmbedding(cfg.num_textures, cfg.embed_dim, cfg.texture_gain)
+                              if cfg.num_textures else None)
         self.magnitudes: list[float] = []
         self.track_magnitudes = False
 

@@ -65,6 +65,8 @@ class GANConfig:
     # (benchmarks/gan.md, "What D's gradient asks G for").
     num_textures: int = 0
     texture_prior: tuple[float, ...] = ()
+    # The texture tables are stored divided by this gain (an equalised learning rate; TextureEmbedding).
+    texture_gain: float = 100.0
 
     def __post_init__(self):
         self.widths = tuple(int(w) for w in self.widths)
@@ -84,6 +86,8 @@ class GANConfig:
         if self.num_textures < 0 or len(self.texture_prior) != self.num_textures:
             raise ValueError(f"texture_prior needs one share per texture (num_textures={self.num_textures}); "
                              f"got {self.texture_prior}")
+        if not self.texture_gain > 0:
+            raise ValueError(f"texture_gain must be above 0; got {self.texture_gain}")
         if self.num_textures and (min(self.texture_prior) <= 0 or abs(sum(self.texture_prior) - 1) > 1e-4):
             raise ValueError(f"texture_prior must be positive shares summing to 1; got {self.texture_prior}")
         if any(2 * w % self.group_channels for w in self.widths):

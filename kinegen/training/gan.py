@@ -217,7 +217,8 @@ def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -
     if src.num_textures and src.num_textures != net.num_textures:
         raise ConfigError(f"--init {init} was trained with texture labels; keep --texture-labels true.")
     if dataclasses.replace(src, positional_channels=net.positional_channels, spectral_weight=net.spectral_weight,
-                           num_textures=net.num_textures, texture_prior=net.texture_prior) != net:
+                           num_textures=net.num_textures, texture_prior=net.texture_prior,
+                           texture_gain=net.texture_gain) != net:
         diff = [f.name for f in dataclasses.fields(net) if getattr(src, f.name) != getattr(net, f.name)]
         raise ConfigError(f"--init {init} is another network (it differs in {', '.join(diff)}); give the same "
                           "--variant, --widths and switches as that run (only --positional-channels and "
