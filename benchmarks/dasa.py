@@ -158,17 +158,23 @@ def pooled(records: list[dict], names, keys) -> dict:
     return table
 
 
-def cmd_rollouts(args) -> dict:
+def _load(model: str, context_noise: float | None):
+    """A chunk-by-chunk pipeline, committing at ``context_noise`` if given (else the model's own setting)."""
     import kinegen
+
+    pipe = kinegen.load_pipeline(model)
+    pipe.set_progress_bar_config(disable=True)
+    if context_noise is not None:
+        pipe.register_to_config(context_noise=context_noise)
+    return pipe
+
+
+def cmd_rollouts(args) -> dict:
     from kinegen.dasa.peers import FarHistoryPooling
     from kinegen.evaluation.adherence import adherence_prompts, load_classifier
 
-    pipe = kinegen.load_pipeline(args.model)
-    pipe.set_progress_bar_config(disable=True)
-    distilled = None
-    if args.distilled:
-        distilled = kinegen.load_pipeline(args.distilled)
-        distilled.set_progress_bar_config(disable=True)
+    pipe = _load(args.model, args.context_noise)
+    distilled = _load(args.distilled, args.context_noise) if args.distilled else None
     spec = pipe.kinegen_spec
     steps, guidance, size = args.steps or spec.steps, spec.guidance, spec.height
     cf = pipe.config.chunk_frames
@@ -220,16 +226,13 @@ def cmd_rollouts(args) -> dict:
 
 def cmd_sweep(args) -> dict:
     """Dense and each ``NAME=SETTINGS`` DASA setting on the same prompts, in a rotated order per prompt."""
-    import kinegen
     from kinegen.evaluation.adherence import adherence_prompts, load_classifier
 
     settings = dict(s.split("=", 1) for s in args.setting)
-    pipe = kinegen.load_pipeline(args.model)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = _load(args.model, args.context_noise)
     jobs = {"dense": (pipe, None), **{name: (pipe, spec) for name, spec in settings.items()}}
     if args.distilled:
-        distilled = kinegen.load_pipeline(args.distilled)
-        distilled.set_progress_bar_config(disable=True)
+        distilled = _load(args.distilled, args.context_noise)
         jobs.update({f"distilled-{name}": (distilled, spec) for name, spec in settings.items()})
     spec = pipe.kinegen_spec
     steps, guidance, size = args.steps or spec.steps, spec.guidance, spec.height
@@ -330,6 +333,8 @@ def main(argv=None) -> int:
     r.add_argument("--frames", type=int, default=241)
     r.add_argument("--steps", type=int, default=None, help="denoising steps per chunk (default: the model's)")
     r.add_argument("--output", required=True)
+    r.add_argument("--context-noise", type=float, default=None,
+                   help="the noise level chunks are committed at (default: the model's; runs before 2026-12-05 used 0)")
     w = sub.add_parser("sweep", help="dense and DASA settings of your choice side by side (no peers)")
     w.add_argument("--model", default="kinegen-shapes-ar")
     w.add_argument("--distilled", default=None, help="a `kinegen train dasa` export: every setting also runs on it "
@@ -342,6 +347,8 @@ def main(argv=None) -> int:
     w.add_argument("--setting", action="append", required=True, metavar="NAME=SETTINGS",
                    help="a named DASA setting, e.g. a4=keep=0.3,anchor_every=4 (repeatable)")
     w.add_argument("--output", required=True)
+    w.add_argument("--context-noise", type=float, default=None,
+                   help="the noise level chunks are committed at (default: the model's; runs before 2026-12-05 used 0)")
     m = sub.add_parser("masks", help="the dynamics masks against the moving objects (IoU)")
     m.add_argument("--model", default="kinegen-shapes-ar")
     m.add_argument("--clips", type=int, default=8)
