@@ -11,8 +11,9 @@ Per chunk (Self-Forcing's inference loop; ../shared/reference/autoregressive_das
    With ``context_noise`` s > 0 the chunk is committed noised to level s, ``(1 - s) x_0 + s e`` at timestep
    ``1000 s`` (Self-Forcing's ``context_noise``; diffusion forcing's conditioning on slightly noisy history):
    the model then leans less on details of its own past chunks, whose errors otherwise compound;
-3. a new prompt from the schedule at this chunk **re-caches** (LongLive): the cache is emptied and the clean
-   latents of the frames it held are committed again under the new prompt, at their own positions.
+3. a new prompt from the schedule at this chunk **re-caches** (LongLive): the cache is emptied and the latents of
+   the frames it held are committed again, as they were first committed, under the new prompt at their own
+   positions.
 
 Chunks: the first holds ``first_chunk_frames`` latent frames (1: the VAE encodes the first video frame alone),
 every later one ``chunk_frames``, so a video of ``num_frames = 4k + 1`` frames (k + 1 latent frames) needs
@@ -224,11 +225,11 @@ class WanAutoregressivePipeline(WanPipeline):
                                           max_sequence_length=self._max_sequence_length, device=device)
         return cond if guidance_scale <= 1 else torch.cat([uncond, cond])
 
-    def _recache(self, state, clean: dict[int, torch.Tensor], chunk_of: dict[int, int], embeds,
+    def _recache(self, state, committed: dict[int, torch.Tensor], chunk_of: dict[int, int], embeds,
                  context_noise: float = 0.0) -> None:
         """Empty the cache and commit the frames it held again under ``embeds``, chunk by chunk as they were first
-        committed (within a chunk frames see each other; a chunk never sees a later one). ``clean`` holds the
-        latents as they were committed (noised to ``context_noise``, if it is set)."""
+        committed (within a chunk frames see each other; a chunk never sees a later one). ``committed`` holds each
+        frame's latents as they were committed (clean, or noised to ``context_noise``)."""
         frames = state.cached_frames
         state.clear()
         runs: list[list[int]] = []  # frames of one chunk at adjacent positions (a sink can split a chunk)
@@ -238,7 +239,7 @@ class WanAutoregressivePipeline(WanPipeline):
             else:
                 runs.append([f])
         for run in runs:
-            x = torch.cat([clean[f] for f in run], dim=2)
+            x = torch.cat([committed[f] for f in run], dim=2)
             x = torch.cat([x] * (embeds.shape[0] // x.shape[0]))  # both guidance branches, as the commit pass
             self._forward(x, 1000 * context_noise, embeds, state, frame_offset=run[0], commit=True)
 
@@ -265,7 +266,7 @@ class WanAutoregressivePipeline(WanPipeline):
 
         state = make_causal(self.transformer, cache_config)
         hooks = tuple(self.chunk_hooks)
-        clean: dict[int, torch.Tensor] = {}  # committed latents of the frames in the cache, for re-caching
+        committed: dict[int, torch.Tensor] = {}  # latents of the frames in the cache as committed, for re-caching
         chunk_of: dict[int, int] = {}  # latent frame -> its chunk
         try:
             for hook in hooks:
@@ -278,7 +279,7 @@ class WanAutoregressivePipeline(WanPipeline):
                 if c in schedule:
                     embeds = self._embeds(schedule[c], negative_prompt, guidance_scale, device)
                     if c > 0:
-                        self._recache(state, clean, chunk_of, embeds, st["context_noise"])
+                        self._recache(state, committed, chunk_of, embeds, st["context_noise"])
                 t0 = time.perf_counter()
                 x = torch.randn((1, channels, n, h, w), generator=generator, dtype=torch.float32).to(device)
                 self.scheduler.set_timesteps(num_inference_steps, device=device)
@@ -302,9 +303,9 @@ class WanAutoregressivePipeline(WanPipeline):
                 self._forward(torch.cat([xc, xc]) if guidance_scale > 1 else xc, 1000 * level, embeds, state,
                               frame_offset=start, commit=True)
                 for i in range(n):
-                    clean[start + i], chunk_of[start + i] = xc[:, :, i:i + 1], c
-                for f in [f for f in clean if f not in state.cached_frames]:
-                    del clean[f]
+                    committed[start + i], chunk_of[start + i] = xc[:, :, i:i + 1], c
+                for f in [f for f in committed if f not in state.cached_frames]:
+                    del committed[f]
                 yield x, ChunkStats(c, list(range(start, start + n)), t1 - t0, time.perf_counter() - t1,
                                     state.cached_frames, state.kv_bytes), len(partition)
                 start += n
