@@ -47,10 +47,18 @@ def load_generator(path: Path):
 
 
 @torch.no_grad()
-def generated_images(g, labels: np.ndarray, z_dim: int) -> np.ndarray:
+def generated_images(g, labels: np.ndarray, z_dim: int, texture: str | None = None) -> np.ndarray:
+    """The generator's images of ``labels`` from the training eval's latents; ``texture``: every image drawn with
+    that texture label (generators trained with ``--texture-labels``; else each latent's own)."""
     z = torch.randn(len(labels), z_dim, generator=torch.Generator().manual_seed(7))  # the training eval's
     y = torch.from_numpy(labels).long()
-    x = torch.cat([g(z[i:i + 200], y[i:i + 200]) for i in range(0, len(y), 200)])
+    t = None
+    if texture is not None:
+        from kinegen.data.shapes import TEXTURES
+
+        t = torch.full((len(labels),), TEXTURES.index(texture), dtype=torch.long)
+    x = torch.cat([g(z[i:i + 200], y[i:i + 200], None if t is None else t[i:i + 200])
+                   for i in range(0, len(y), 200)])
     return ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
 
 
@@ -100,6 +108,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("generators", type=Path, nargs="+", help="pipeline folders, EMA snapshots or run folders")
     parser.add_argument("--images", type=int, default=600)
+    parser.add_argument("--texture", action="append", default=None, choices=["plain", "checkered", "striped", "noisy"],
+                        help="generators with texture labels: also read every image drawn with this label "
+                             "(repeatable)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     from kinegen.evaluation.gan_metrics import reference_images
@@ -112,6 +123,10 @@ def main() -> None:
     for path in args.generators:
         g = load_generator(path)
         print(row(str(path), texture_probe(generated_images(g, labels, g.cfg.z_dim))), flush=True)
+        if g.cfg.num_textures:
+            for texture in args.texture or []:
+                images = generated_images(g, labels, g.cfg.z_dim, texture)
+                print(row(f"{path}, every image labelled {texture}", texture_probe(images)), flush=True)
 
 
 if __name__ == "__main__":
