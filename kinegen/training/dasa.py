@@ -110,9 +110,12 @@ def rollout_losses(pipe, student_run, teacher, prompt: str, cfg, generator, rng:
                     pred = uncond + guidance * (cond - uncond)
                 x = pipe.scheduler.step(pred, t, x, return_dict=False)[0]
             student_run.before_commit(x, start)
-            clean = torch.cat([x, x]) if guidance > 1 else x
-            pipe._forward(clean, 0, embeds, student_state, frame_offset=start, commit=True)
-            _forward(teacher, teacher_state, clean, 0, embeds, frame_offset=start, commit=True)
+            level = pipe.config.get("context_noise", 0.0)  # committed as the pipeline commits (docs/autoregressive.md)
+            if level > 0:
+                x = (1 - level) * x + level * torch.randn(x.shape, generator=generator).to(device)
+            committed = torch.cat([x, x]) if guidance > 1 else x
+            pipe._forward(committed, 1000 * level, embeds, student_state, frame_offset=start, commit=True)
+            _forward(teacher, teacher_state, committed, 1000 * level, embeds, frame_offset=start, commit=True)
             start += n
     finally:
         student_run.end()
