@@ -29,7 +29,8 @@ a projection discriminator. The magnitude-preserving (MP) changes follow EDM2 (K
 
 Not an MP switch: ``positional_channels`` gives G a learned positional map at every stage from 8x8 up
 (:class:`PositionalMap`), off by default. Nor is ``spectral_weight``: SSD-GAN's linear classifier on the
-image's reduced spectrum added to D's logit (:func:`reduced_spectrum`), off by default.
+image's reduced spectrum added to D's logit (:func:`reduced_spectrum`), off by default. Nor is ``num_textures``:
+the background texture as a second projection label of both networks (:class:`TextureEmbedding`), off by default.
 
 All switches off is the R3GAN baseline; all on is the MP-GAN. ``D.magnitudes`` records the RMS of
 the discriminator's activations per stage (the diagnostic of docs/gan.md).
