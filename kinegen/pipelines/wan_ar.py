@@ -118,6 +118,15 @@ def _check_context_noise(level: float) -> None:
         raise ConfigError(f"context_noise is a noise level in [0, 1) (0: commit clean chunks); got {level}.")
 
 
+def context_latents(x: torch.Tensor, level: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """A chunk's clean latents as they are committed: ``(1 - s) x_0 + s e`` at ``context_noise`` s (itself at 0);
+    the commit forward runs them at timestep ``1000 s``."""
+    if level <= 0:
+        return x
+    noise = torch.randn(x.shape, generator=generator, dtype=torch.float32).to(x.device)
+    return (1 - level) * x + level * noise
+
+
 def chunk_partition(latent_frames: int, chunk_frames: int, first_chunk_frames: int = 1) -> list[int]:
     """Latent frames per chunk: ``[first_chunk_frames, chunk_frames, chunk_frames, ...]``; a clear error naming the
     nearest valid video frame counts when they do not add up."""
@@ -296,10 +305,7 @@ class WanAutoregressivePipeline(WanPipeline):
                 for hook in hooks:
                     hook.before_commit(x, start)
                 level = st["context_noise"]
-                xc = x
-                if level > 0:
-                    noise = torch.randn(x.shape, generator=generator, dtype=torch.float32).to(device)
-                    xc = (1 - level) * x + level * noise
+                xc = context_latents(x, level, generator)
                 self._forward(torch.cat([xc, xc]) if guidance_scale > 1 else xc, 1000 * level, embeds, state,
                               frame_offset=start, commit=True)
                 for i in range(n):

@@ -56,8 +56,9 @@ class HVAConfig:
             holds ``per_window`` centroids at the start). Queries: 2x8x8 (two tiles of 64 rows). Keys,
             ``None`` (default): by layout, 1x8x8 (one tile) for ``tiles``, 1x4x4 for ``lists``, where a key
             cluster costs its tokens rather than whole tiles and finer clusters select more precisely.
-        lead_frames: latent frames at the start whose queries are clustered in windows of their own (one
-            frame deep) instead of sharing the first ``q_window`` with the frames after them. Wan's causal
+        lead_frames: latent frames at the start clustered in windows of their own (one frame deep) instead
+            of sharing the first window with the frames after them; it changes the query windows (the key
+            windows are one frame deep by default, where it changes nothing). Wan's causal
             VAE codes the first video frame alone into the first latent frame, so its tokens differ from
             the next frame's; measured in benchmarks/sparse_attention.md.
         per_window: centroids per window.

@@ -66,7 +66,7 @@ def rollout_losses(pipe, student_run, teacher, prompt: str, cfg, generator, rng:
     ``student_run`` (a :class:`~kinegen.dasa.run.DASARun`) driving it, ``teacher`` the dense copy. Returns the
     per-forward losses, already backpropagated into the student's gradients."""
     from ..pipelines.causal_wan import KVCacheConfig, make_causal
-    from ..pipelines.wan_ar import chunk_partition
+    from ..pipelines.wan_ar import chunk_partition, context_latents
 
     device = pipe._execution_device
     frames = pipe.latent_frames(cfg.frames)
@@ -110,9 +110,8 @@ def rollout_losses(pipe, student_run, teacher, prompt: str, cfg, generator, rng:
                     pred = uncond + guidance * (cond - uncond)
                 x = pipe.scheduler.step(pred, t, x, return_dict=False)[0]
             student_run.before_commit(x, start)
-            level = pipe.config.get("context_noise", 0.0)  # committed as the pipeline commits (docs/autoregressive.md)
-            if level > 0:
-                x = (1 - level) * x + level * torch.randn(x.shape, generator=generator).to(device)
+            level = pipe.config.context_noise  # committed as the pipeline commits (docs/autoregressive.md)
+            x = context_latents(x, level, generator)
             committed = torch.cat([x, x]) if guidance > 1 else x
             pipe._forward(committed, 1000 * level, embeds, student_state, frame_offset=start, commit=True)
             _forward(teacher, teacher_state, committed, 1000 * level, embeds, frame_offset=start, commit=True)
