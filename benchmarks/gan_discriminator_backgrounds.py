@@ -5,9 +5,11 @@ checkered, striped, noisy: ``render_image(..., texture=T)``, the same shape, col
 and with a *faint blotch*, the data's noisy texture at ``--blotch`` of its amplitude (default 0.4: a median
 deviation of 3-4 of 255, what the R3GAN baseline draws on every background; benchmarks/gan.md
 "Backgrounds"). D scores each version at the image's class, ``D(x, y)``. Printed per run: the mean score of each
-version (with, for a run trained with ``--spectral-weight``, the spectral classifier's part of it), and how
-often D scores the image with each real texture above the same image with the faint blotch
-(0.5: D does not tell them apart, so its gradient does not ask G for that texture instead of the blotch).
+version (with, for a run trained with ``--spectral-weight`` or ``--pixel-templates``, the spectral classifier's or
+the templates' part of it), and how often D scores the image with each real texture above the same image with the
+faint blotch (0.5: D does not tell them apart, so its gradient does not ask G for that texture instead of the
+blotch). For a run with pixel templates, each template's realness weights ``a`` and ``b`` and its cosine with the
+data's checkered and striped patterns (at the data's place, and the largest over the pattern's other phases).
 
     .venv/bin/python benchmarks/gan_discriminator_backgrounds.py runs/gan-long/r3gan-s0 runs/gan-long/mp-s0 \\
         [--images 600] [--blotch 0.4]
@@ -50,16 +52,47 @@ def texture_scores(run: Path, n_images: int, blotch: float) -> dict:
     step = json.loads((run / "checkpoint" / "state.json").read_text())["step"]
     images, labels = retextured(n_images, net.resolution, blotch)
     y = torch.from_numpy(labels)
-    scores, spectral = {}, {}
+    scores, spectral, templates = {}, {}, {}
     for name, imgs in images.items():
         x = torch.from_numpy(imgs).permute(0, 3, 1, 2).float() / 127.5 - 1.0
         scores[name] = d(x, y).numpy()  # the whole logit, with SSD-GAN's spectral part when the run has one
         if d.spectral is not None:
             spectral[name] = float(d.spectral_logit(x).mean())
+        if d.templates is not None:
+            templates[name] = float(d.template_logit(x).mean())
     return {"run": str(run), "step": step, "blotch": blotch,
             "mean_score": {k: float(v.mean()) for k, v in scores.items()},
-            "mean_spectral_part": spectral or None,
+            "mean_spectral_part": spectral or None, "mean_template_part": templates or None,
+            "templates": template_patterns(d) if d.templates is not None else None,
             "above_blotch": {t: float((scores[t] > scores["faint blotch"]).mean()) for t in VERSIONS}}
+
+
+def template_patterns(d) -> list[dict]:
+    """Per pixel template: ``a``, ``b`` and its cosine with each patterned texture (the same in every channel, less
+    its mean) at the data's place and the largest |cosine| over the pattern's other phases (one period)."""
+    from kinegen.data.shapes import texture_mask
+    from kinegen.models.mpgan import TEMPLATE_GAIN
+
+    t = d.templates.templates.detach().float()
+    t = (t / t.flatten(1).norm(dim=1).view(-1, 1, 1, 1)).flatten(1)
+    a, b = (TEMPLATE_GAIN * d.templates.weight.detach().float()).tolist()
+    h = t.shape[-1] // 3
+    res = int(round(h ** 0.5))
+
+    def cosines(texture: str, dy: int, dx: int) -> torch.Tensor:
+        m = torch.from_numpy(texture_mask(texture, res, res, dy, dx))
+        m = (m - m.mean()).expand(3, res, res).flatten()
+        return t @ (m / m.norm())
+
+    out = [{"a": a[k], "b": b[k]} for k in range(t.shape[0])]
+    for texture, period in (("checkered", 2 * max(2, res // 8)), ("striped", 2 * max(2, res // 10))):
+        own = cosines(texture, 0, 0)
+        others = torch.stack([cosines(texture, dy, dx).abs() for dy in range(period) for dx in range(period)
+                              if (dy, dx) != (0, 0)]).amax(0)
+        for k in range(t.shape[0]):
+            out[k][texture] = float(own[k])
+            out[k][texture + "_other_phases"] = float(others[k])
+    return out
 
 
 def main() -> None:
@@ -74,13 +107,24 @@ def main() -> None:
     print("| run | step | mean D(x, y): " + " / ".join(names) + " | D scores it above the faint blotch: "
           + " / ".join(VERSIONS) + " |")
     print("|---|---|---|---|")
-    for run in args.runs:
-        r = texture_scores(run, args.images, args.blotch)
+    results = [texture_scores(run, args.images, args.blotch) for run in args.runs]
+    for run, r in zip(args.runs, results, strict=True):
         print(f"| {run.name} | {r['step']} | " + " / ".join(f"{r['mean_score'][k]:.2f}" for k in names) + " | "
               + " / ".join(f"{r['above_blotch'][t]:.2f}" for t in VERSIONS) + " |")
         if r["mean_spectral_part"]:
             print("| (of which the spectral classifier, `--spectral-weight`) | | "
                   + " / ".join(f"{r['mean_spectral_part'][k]:.2f}" for k in names) + " | |")
+        if r["mean_template_part"]:
+            print("| (of which the pixel templates, `--pixel-templates`) | | "
+                  + " / ".join(f"{r['mean_template_part'][k]:.2f}" for k in names) + " | |")
+    for run, r in zip(args.runs, results, strict=True):
+        if r["templates"]:
+            print(f"\n{run.name}, step {r['step']}: pixel templates\n\n| template | a | b | cosine with checkered: "
+                  "data's place / best other phase | with striped: data's place / best other phase |\n"
+                  "|---|---|---|---|---|")
+            for k, tm in enumerate(r["templates"]):
+                print(f"| {k} | {tm['a']:.3f} | {tm['b']:.3f} | {tm['checkered']:.3f} / "
+                      f"{tm['checkered_other_phases']:.3f} | {tm['striped']:.3f} / {tm['striped_other_phases']:.3f} |")
 
 
 if __name__ == "__main__":

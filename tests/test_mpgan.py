@@ -190,6 +190,41 @@ def test_spectral_classifier_starts_as_a_no_op_then_adds_its_logit(mp):
     assert Discriminator(make(**SMALL)).spectral is None
 
 
+def test_pixel_templates_start_as_a_no_op_then_score_a_pattern_fixed_to_the_grid():
+    from kinegen.models.mpgan import TEMPLATE_GAIN, Discriminator
+
+    torch.manual_seed(0)
+    d, plain = Discriminator(GANConfig.baseline(**SMALL, pixel_templates=2)), Discriminator(GANConfig.baseline(**SMALL))
+    res = plain.load_state_dict(d.state_dict(), strict=False)
+    assert res.missing_keys == [] and sorted(res.unexpected_keys) == ["templates.templates", "templates.weight"]
+    x, y = torch.randn(3, 3, 16, 16), torch.tensor([0, 1, 2])
+    torch.testing.assert_close(d(x, y), plain(x, y))  # a and b zero: the D without templates exactly
+    d(x, y).sum().backward()
+    assert d.templates.weight.grad.abs().sum() > 0
+    # a checker fixed to the grid, as template 0 with a = 1: the logit rises by |<x - mean, T>| and is the same for
+    # the pattern's two signs, while a flat image (less its mean, nothing) adds sqrt(eps) only
+    checker = ((torch.arange(16)[:, None] // 4 + torch.arange(16)[None] // 4) % 2).float().expand(3, 16, 16)
+    with torch.no_grad():
+        d.templates.templates[0] = checker - checker.mean()
+        d.templates.weight.zero_()
+        d.templates.weight[0, 0] = 1 / TEMPLATE_GAIN
+        flat = torch.full((1, 3, 16, 16), 0.3)
+        on = flat + 0.1 * (checker - checker.mean())
+        off = flat - 0.1 * (checker - checker.mean())
+        norm = float((checker - checker.mean()).norm())
+        lab = torch.tensor([0])
+        torch.testing.assert_close(d(on, lab) - plain(on, lab), torch.tensor([0.1 * norm]), atol=1e-3, rtol=1e-4)
+        torch.testing.assert_close(d(off, lab) - plain(off, lab), torch.tensor([0.1 * norm]), atol=1e-3, rtol=1e-4)
+        torch.testing.assert_close(d(flat, lab) - plain(flat, lab), torch.tensor([1e-2]), atol=1e-5, rtol=1e-4)
+        d.templates.weight[1, 0] = 0.5 / TEMPLATE_GAIN  # b tells the pattern's sign apart
+        gap = (d(on, lab) - plain(on, lab)) - (d(off, lab) - plain(off, lab))
+        assert float(gap) == pytest.approx(2 * 0.5 * 0.1 * norm, rel=1e-3)
+        torch.testing.assert_close(d.logits_for_label_matching(on, lab)[0], d(on, lab))
+    assert Discriminator(GANConfig.baseline(**SMALL)).templates is None
+    with pytest.raises(ValueError, match="pixel_templates"):
+        GANConfig(pixel_templates=-1)
+
+
 def test_textures_drawn_from_the_latent_follow_the_prior():
     from kinegen.models.mpgan import texture_of_latent
 
@@ -654,7 +689,7 @@ def test_gan_training_starts_from_another_runs_networks_and_may_add_positional_m
 
     train_gan(tmp_path / "a", _tiny_train(variant="r3gan"))
     out = train_gan(tmp_path / "b", _tiny_train(variant="r3gan", positional_channels=4, spectral_weight=1.0,
-                                                init=str(tmp_path / "a"), steps=1, lr=1e-12))
+                                                pixel_templates=2, init=str(tmp_path / "a"), steps=1, lr=1e-12))
     a, b = (tmp_path / "a" / "checkpoint", tmp_path / "b" / "checkpoint")
     ga, gb = load_file(str(a / "generator.safetensors")), load_file(str(b / "generator.safetensors"))
     assert set(gb) - set(ga) == {k for k in gb if k.startswith("positional.")} != set()
@@ -662,12 +697,13 @@ def test_gan_training_starts_from_another_runs_networks_and_may_add_positional_m
         torch.testing.assert_close(gb[k], v, rtol=0, atol=1e-6)
     da, db = load_file(str(a / "discriminator.safetensors")), load_file(str(b / "discriminator.safetensors"))
     assert all(torch.allclose(db[k], v, atol=1e-6) for k, v in da.items())
-    assert set(db) - set(da) == {"spectral.weight"}
+    assert set(db) - set(da) == {"spectral.weight", "templates.templates", "templates.weight"}
     logged = json.loads((tmp_path / "b" / "log.jsonl").read_text().splitlines()[-1])
-    assert {"d_spec_real", "d_spec_fake"} <= set(logged)
+    assert {"d_spec_real", "d_spec_fake", "d_tmpl_real", "d_tmpl_fake"} <= set(logged)
     from kinegen.pipelines import MPGANPipeline
 
-    assert "spectral_weight" not in MPGANPipeline.from_pretrained(out).gan.config  # D only: not in G's config
+    config = MPGANPipeline.from_pretrained(out).gan.config
+    assert "spectral_weight" not in config and "pixel_templates" not in config  # D only: not in G's config
     with pytest.raises(ConfigError, match="spectral_weight"):
         train_gan(tmp_path / "e", _tiny_train(variant="r3gan", spectral_weight=-1.0))
     with pytest.raises(ConfigError, match="differs in widths"):

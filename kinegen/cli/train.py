@@ -94,7 +94,8 @@ _RANGES = {"seed": (0, None), "crop": (8, 64), "size": (8, None), "resolution": 
            "eval_every": (0, None), "eval_images": (24, None), "class_weight": (0, None),
            "g_class_share": (0, None),
            "diversity_weight": (0, None), "diversity_bound": (0, None), "mbstd_group": (0, None),
-           "positional_channels": (0, None), "spectral_weight": (0, None), "spectrum_match": (0, None)}
+           "positional_channels": (0, None), "spectral_weight": (0, None), "pixel_templates": (0, None),
+           "spectrum_match": (0, None)}
 
 
 def check_settings(args, cfg) -> None:

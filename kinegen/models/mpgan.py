@@ -31,6 +31,7 @@ Not an MP switch: ``positional_channels`` gives G a learned positional map at ev
 (:class:`PositionalMap`), off by default. Nor is ``spectral_weight``: SSD-GAN's linear classifier on the
 image's reduced spectrum added to D's logit (:func:`reduced_spectrum`), off by default. Nor is ``num_textures``:
 the background texture as a second projection label of both networks (:class:`TextureEmbedding`), off by default.
+Nor is ``pixel_templates``: D's learned full-resolution templates (:class:`PixelTemplates`), off by default.
 
 All switches off is the R3GAN baseline; all on is the MP-GAN. ``D.magnitudes`` records the RMS of
 the discriminator's activations per stage (the diagnostic of docs/gan.md).
@@ -402,6 +403,42 @@ def frequency_spectrum(x: torch.Tensor, eps: float = SPECTRUM_EPS) -> torch.Tens
     return torch.log(power + eps).to(x.dtype)
 
 
+# D's pixel templates' realness weights are stored divided by this gain (an equalised learning rate, as for
+# TextureEmbedding): at R3GAN's lr 2e-4 Adam moves them about 2e-3 per step.
+TEMPLATE_GAIN = 10.0
+# The templates are used at unit norm, so their stored scale is their learning rate's inverse: at this scale an
+# Adam step of 2e-4 turns a template by a few percent, at 1 (randn) by 0.02% and a fine-tune never learns one.
+TEMPLATE_INIT_STD = 5e-3
+
+
+class PixelTemplates(nn.Module):
+    """D's full-resolution view fixed to the pixel grid (``GANConfig.pixel_templates``; ours, not from a paper).
+
+    ``K`` learned templates ``T_k`` ``[3, H, W]``, each used at unit norm, correlated with the image less its
+    per-channel mean: ``c_k = <x - mean(x), T_k>``; the realness ``sum_k a_k sqrt(c_k^2 + eps) + b_k c_k`` is added
+    to every logit ``D(x, y)``, unconditionally. D's convolutions and pooling are translation-equivariant and
+    average a faint pattern away by 4x4; a pattern fixed to the pixel grid (the shapes data's checkered and striped
+    backgrounds, benchmarks/gan.md "Backgrounds") is one direction of pixel space, which one template holds, so
+    D's gradient at G's images can point straight at it. ``a`` (any phase of the pattern) and ``b`` (its sign)
+    start at zero, so that a D with templates is the D without them until it learns them."""
+
+    def __init__(self, num_templates: int, resolution: int):
+        super().__init__()
+        self.templates = nn.Parameter(TEMPLATE_INIT_STD * torch.randn(num_templates, 3, resolution, resolution))
+        self.weight = nn.Parameter(torch.zeros(2, num_templates))  # [a; b] / TEMPLATE_GAIN
+
+    def correlations(self, x: torch.Tensor) -> torch.Tensor:
+        """``c_k``, ``[N, K]``."""
+        t = self.templates / self.templates.flatten(1).norm(dim=1).clamp_min(1e-8).view(-1, 1, 1, 1)
+        x = x.to(t.dtype)
+        return torch.einsum("nchw,kchw->nk", x - x.mean((2, 3), keepdim=True), t)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        c = self.correlations(x)
+        a, b = TEMPLATE_GAIN * self.weight
+        return ((c.square() + 1e-4).sqrt() * a + c * b).sum(1)
+
+
 class Discriminator(nn.Module):
     """Projection discriminator mirroring the generator; ``magnitudes`` holds per-stage activation RMS."""
 
@@ -437,6 +474,7 @@ class Discriminator(nn.Module):
             nn.init.zeros_(self.spectral.weight)
         self.texture_embed = (TextureEmbedding(cfg.num_textures, cfg.embed_dim, cfg.texture_gain)
                               if cfg.num_textures else None)
+        self.templates = PixelTemplates(cfg.pixel_templates, cfg.resolution) if cfg.pixel_templates else None
         self.magnitudes: list[float] = []
         self.track_magnitudes = False
 
@@ -449,6 +487,14 @@ class Discriminator(nn.Module):
         if self.spectral is None:
             return 0.0
         return self.cfg.spectral_weight * self.spectral(reduced_spectrum(x).to(self.spectral.weight.dtype))[:, 0]
+
+    def template_logit(self, x: torch.Tensor) -> torch.Tensor | float:
+        """The pixel templates' realness (:class:`PixelTemplates`), ``[N]``; 0 without them."""
+        return 0.0 if self.templates is None else self.templates(x)
+
+    def unconditional_logit(self, x: torch.Tensor) -> torch.Tensor | float:
+        """What D adds to every projection logit whatever the label: the spectral and template parts."""
+        return self.spectral_logit(x) + self.template_logit(x)
 
     def pooled(self, x: torch.Tensor) -> torch.Tensor:
         """The trunk and the head up to the 4x4 basis: one vector per image, the input of the last linear layer."""
@@ -505,7 +551,7 @@ class Discriminator(nn.Module):
         """
         p = self.pooled(x)
         h = self.head2(p)
-        own = self.project(h, class_labels, textures) + self.spectral_logit(x)
+        own = self.project(h, class_labels, textures) + self.unconditional_logit(x)
         return own, (self.class_head(p) if self.class_head is not None else self.project_all(h))
 
     def project_all(self, h: torch.Tensor) -> torch.Tensor:
@@ -529,8 +575,8 @@ class Discriminator(nn.Module):
     def forward(self, x: torch.Tensor, class_labels: torch.Tensor, textures: torch.Tensor | None = None
                 ) -> torch.Tensor:
         """The projection logit ``D(x, y)`` of each image under its own label (and texture, when given; plus
-        the spectral logit when ``spectral_weight`` is on), ``[N]``."""
-        return self.project(self.features(x), class_labels, textures) + self.spectral_logit(x)
+        :meth:`unconditional_logit`: the spectral and pixel-template parts where they are on), ``[N]``."""
+        return self.project(self.features(x), class_labels, textures) + self.unconditional_logit(x)
 
 
 def renormalize_(module: nn.Module) -> None:

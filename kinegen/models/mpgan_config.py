@@ -8,7 +8,7 @@ import dataclasses
 import math
 
 # GANConfig's fields that only the discriminator reads: a saved generator does not keep them.
-D_ONLY_FIELDS = ("mbstd_group", "separate_class_head", "spectral_weight")
+D_ONLY_FIELDS = ("mbstd_group", "separate_class_head", "spectral_weight", "pixel_templates")
 
 # The MP switches of GANConfig, in order: all True is the MP-GAN, all False the R3GAN baseline.
 MP_SWITCHES = ("weight_norm", "centering", "mp_lrelu", "mp_residual", "ff_heads", "free_transitions",
@@ -56,6 +56,10 @@ class GANConfig:
     # :meth:`Discriminator.spectral_logit`). D's downsampling blurs away the faint high-frequency textures of the
     # shapes data, which no generator draws (benchmarks/gan.md, "Backgrounds"). 0 = off (R3GAN).
     spectral_weight: float = 0.0
+    # D only, not an MP switch: this many learned full-resolution templates fixed to the pixel grid, whose
+    # correlations with the image add a realness to D's logit (:class:`~kinegen.models.mpgan.PixelTemplates`;
+    # ours). For the same backgrounds: a pattern fixed to the grid is one direction of pixel space. 0 = off (R3GAN).
+    pixel_templates: int = 0
     # Not an MP switch: the background texture as a second label of both networks (``num_textures`` of them;
     # 0 = off, R3GAN). G adds a texture vector to its class vector; D adds ``h . t_k / sqrt(dim)`` to its
     # projection logit (:class:`~kinegen.models.mpgan.TextureEmbedding`; Miyato & Koyama's projection, one more
@@ -80,6 +84,8 @@ class GANConfig:
             raise ValueError(f"mbstd_group is a group size of at least 2 (0 = off), got {self.mbstd_group}")
         if self.positional_channels < 0:
             raise ValueError(f"positional_channels is a number of channels (0 = off), got {self.positional_channels}")
+        if self.pixel_templates < 0:
+            raise ValueError(f"pixel_templates is a number of templates (0 = off), got {self.pixel_templates}")
         if not self.spectral_weight >= 0:
             raise ValueError(f"spectral_weight is a weight >= 0 (0 = off), got {self.spectral_weight}")
         self.texture_prior = tuple(float(p) for p in self.texture_prior)

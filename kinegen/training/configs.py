@@ -137,8 +137,9 @@ class GANTrainConfig:
     separate_class_head: bool = False  # the label-matching term trains a classifier head of D's own, not the projection
     positional_channels: int = 0  # G's learned positional map per stage from 8x8 (Xu et al. 2021); 0 = off
     spectral_weight: float = 0.0  # weight of D's SSD-GAN classifier on the reduced spectrum (Chen et al. 2021); 0 = off
+    pixel_templates: int = 0  # D's learned full-resolution templates fixed to the pixel grid (ours); 0 = off
     texture_labels: bool = False  # the background texture as a second label of G and D (shapes data); off = R3GAN
-    init: str | None = None  # start G and D from this GAN run's checkpoint (a fine-tune; may add the two above)
+    init: str | None = None  # start G and D from this GAN run's checkpoint (a fine-tune; may add the four above)
     mbstd_group: int = 0  # D's minibatch stddev over groups of this many images of one class (ProGAN); 0 = off
     dataset_images: int = 20000  # procedural images (the "shapes" data) drawn from a fixed pool
     out_gain_init: float = 1.0  # MP generator's learned output gain at step 0 (runs before 2026-11-30: 0)

@@ -66,7 +66,7 @@ def network_config(cfg: GANTrainConfig, num_classes: int) -> GANConfig:
         return GANConfig(resolution=cfg.resolution, num_classes=num_classes, widths=widths,
                          mbstd_group=cfg.mbstd_group, separate_class_head=cfg.separate_class_head,
                          positional_channels=cfg.positional_channels, spectral_weight=cfg.spectral_weight,
-                         num_textures=len(prior), texture_prior=prior, **flags)
+                         pixel_templates=cfg.pixel_templates, num_textures=len(prior), texture_prior=prior, **flags)
     except ValueError as e:
         raise ConfigError(f"GAN settings: {e}") from None
 
@@ -201,8 +201,8 @@ def ema_sigmas(cfg: GANTrainConfig) -> tuple[float, ...]:
 def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -> None:
     """Load G and D from another run's checkpoint (``--init RUN``): a fine-tune with a fresh optimiser and
     schedule. The networks must be the run's, except that G may add positional maps (``positional_channels``),
-    D the spectral classifier (``spectral_weight``) and both texture labels (``num_textures``), which then start
-    as the no-op they are at initialisation."""
+    D the spectral classifier (``spectral_weight``) and pixel templates (``pixel_templates``), and both texture
+    labels (``num_textures``), which then start as the no-op they are at initialisation."""
     from safetensors.torch import load_file
 
     ckpt = init / "checkpoint"
@@ -214,17 +214,20 @@ def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -
         raise ConfigError(f"--init {init} has {src.positional_channels} positional channels; use the same number.")
     if src.spectral_weight and src.spectral_weight != net.spectral_weight:
         raise ConfigError(f"--init {init} has --spectral-weight {src.spectral_weight}; use the same weight.")
+    if src.pixel_templates and src.pixel_templates != net.pixel_templates:
+        raise ConfigError(f"--init {init} has --pixel-templates {src.pixel_templates}; use the same number.")
     if src.num_textures and src.num_textures != net.num_textures:
         raise ConfigError(f"--init {init} was trained with texture labels; keep --texture-labels true.")
     if dataclasses.replace(src, positional_channels=net.positional_channels, spectral_weight=net.spectral_weight,
-                           num_textures=net.num_textures, texture_prior=net.texture_prior,
-                           texture_gain=net.texture_gain) != net:
+                           pixel_templates=net.pixel_templates, num_textures=net.num_textures,
+                           texture_prior=net.texture_prior, texture_gain=net.texture_gain) != net:
         diff = [f.name for f in dataclasses.fields(net) if getattr(src, f.name) != getattr(net, f.name)]
         raise ConfigError(f"--init {init} is another network (it differs in {', '.join(diff)}); give the same "
-                          "--variant, --widths and switches as that run (only --positional-channels and "
-                          "--spectral-weight may be added, and --texture-labels turned on).")
+                          "--variant, --widths and switches as that run (only --positional-channels, --spectral-weight "
+                          "and --pixel-templates may be added, and --texture-labels turned on).")
     missing_d, unexpected_d = d.load_state_dict(load_file(str(ckpt / "discriminator.safetensors")), strict=False)
-    if unexpected_d or any(k not in ("spectral.weight", "texture_embed.weight") for k in missing_d):
+    new_d = ("spectral.weight", "texture_embed.weight", "templates.templates", "templates.weight")
+    if unexpected_d or any(k not in new_d for k in missing_d):
         raise ConfigError(f"--init {init}: its discriminator's weights do not fit (missing {missing_d}, unexpected "
                           f"{unexpected_d}).")
     missing, unexpected = g.load_state_dict(load_file(str(ckpt / "generator.safetensors")), strict=False)
@@ -235,6 +238,7 @@ def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -
     positional = [k for k in missing if k.startswith("positional.")]
     new = ([f"{len(positional)} positional tensors"] * bool(positional)
            + ["the spectral classifier"] * ("spectral.weight" in missing_d)
+           + ["the pixel templates"] * ("templates.weight" in missing_d)
            + ["the texture labels"] * ("texture_embed.weight" in missing_d))
     print(f"starting from {init} (its step {step})" + (f"; {' and '.join(new)} start at their no-op" if new else ""),
           flush=True)

@@ -74,6 +74,10 @@ def discriminator_loss(d, real: torch.Tensor, fake: torch.Tensor, labels: torch.
         with torch.no_grad():
             stats["d_spec_real"] = float(d.spectral_logit(real).mean())
             stats["d_spec_fake"] = float(d.spectral_logit(fake).mean())
+    if getattr(d, "templates", None) is not None:  # the pixel templates' part of D(real) and D(fake), for the log
+        with torch.no_grad():
+            stats["d_tmpl_real"] = float(d.template_logit(real).mean())
+            stats["d_tmpl_fake"] = float(d.template_logit(fake).mean())
     if every_real is not None:
         cls = F.cross_entropy(every_real, labels)
         loss = loss + class_weight * cls
