@@ -190,17 +190,20 @@ def test_spectral_classifier_starts_as_a_no_op_then_adds_its_logit(mp):
     assert Discriminator(make(**SMALL)).spectral is None
 
 
-def test_pixel_templates_start_as_a_no_op_then_score_a_pattern_fixed_to_the_grid():
-    from kinegen.models.mpgan import TEMPLATE_GAIN, Discriminator
+def test_pixel_templates_add_their_realness_and_score_a_pattern_fixed_to_the_grid():
+    from kinegen.models.mpgan import TEMPLATE_A_INIT, TEMPLATE_GAIN, Discriminator
 
     torch.manual_seed(0)
     d, plain = Discriminator(GANConfig.baseline(**SMALL, pixel_templates=2)), Discriminator(GANConfig.baseline(**SMALL))
     res = plain.load_state_dict(d.state_dict(), strict=False)
     assert res.missing_keys == [] and sorted(res.unexpected_keys) == ["templates.templates", "templates.weight"]
     x, y = torch.randn(3, 3, 16, 16), torch.tensor([0, 1, 2])
-    torch.testing.assert_close(d(x, y), plain(x, y))  # a and b zero: the D without templates exactly
+    t = d.templates.templates.detach().flatten(1)
+    c = (x - x.mean((2, 3), keepdim=True)).flatten(1) @ (t / t.norm(dim=1, keepdim=True)).T
+    # at the start a = TEMPLATE_A_INIT, b = 0: sum_k a sqrt(c_k^2 + eps) on top of the D without templates
+    torch.testing.assert_close(d(x, y), plain(x, y) + TEMPLATE_A_INIT * (c.square() + 1e-4).sqrt().sum(1))
     d(x, y).sum().backward()
-    assert d.templates.weight.grad.abs().sum() > 0
+    assert d.templates.weight.grad.abs().sum() > 0 and d.templates.templates.grad.abs().sum() > 0
     # a checker fixed to the grid, as template 0 with a = 1: the logit rises by |<x - mean, T>| and is the same for
     # the pattern's two signs, while a flat image (less its mean, nothing) adds sqrt(eps) only
     checker = ((torch.arange(16)[:, None] // 4 + torch.arange(16)[None] // 4) % 2).float().expand(3, 16, 16)

@@ -404,11 +404,17 @@ def frequency_spectrum(x: torch.Tensor, eps: float = SPECTRUM_EPS) -> torch.Tens
 
 
 # D's pixel templates' realness weights are stored divided by this gain (an equalised learning rate, as for
-# TextureEmbedding): at R3GAN's lr 2e-4 Adam moves them about 2e-3 per step.
-TEMPLATE_GAIN = 10.0
+# TextureEmbedding): at R3GAN's lr 2e-4 Adam moves them up to 2e-2 per step (at a gain of 10, a fine-tune of 300
+# steps left them at 0.03 or less: the noisy gradient of a few textured images per batch).
+TEMPLATE_GAIN = 100.0
 # The templates are used at unit norm, so their stored scale is their learning rate's inverse: at this scale an
 # Adam step of 2e-4 turns a template by a few percent, at 1 (randn) by 0.02% and a fine-tune never learns one.
 TEMPLATE_INIT_STD = 5e-3
+# ``a``'s value at the start. At 0 the templates get no gradient (it is proportional to ``a``) and ``a`` itself only
+# a noisy one: in a fine-tune of 100 steps at this gain ``a`` and ``b`` stayed within 0.03 of 0. At 0.25 the eight
+# random templates add about 0.1 to D(real) - D(fake) at the start and D's gradient at G's images grows by a norm
+# of about 0.7, against its own 0.8 (R2 0.6).
+TEMPLATE_A_INIT = 0.25
 
 
 class PixelTemplates(nn.Module):
@@ -419,13 +425,16 @@ class PixelTemplates(nn.Module):
     to every logit ``D(x, y)``, unconditionally. D's convolutions and pooling are translation-equivariant and
     average a faint pattern away by 4x4; a pattern fixed to the pixel grid (the shapes data's checkered and striped
     backgrounds, benchmarks/gan.md "Backgrounds") is one direction of pixel space, which one template holds, so
-    D's gradient at G's images can point straight at it. ``a`` (any phase of the pattern) and ``b`` (its sign)
-    start at zero, so that a D with templates is the D without them until it learns them."""
+    D's gradient at G's images can point straight at it. ``a`` (the pattern at either sign) starts at
+    ``TEMPLATE_A_INIT`` and ``b`` (its sign) at zero: the templates start random, so at the start they add about
+    as much to a real image's logit as to a fake's."""
 
     def __init__(self, num_templates: int, resolution: int):
         super().__init__()
         self.templates = nn.Parameter(TEMPLATE_INIT_STD * torch.randn(num_templates, 3, resolution, resolution))
-        self.weight = nn.Parameter(torch.zeros(2, num_templates))  # [a; b] / TEMPLATE_GAIN
+        weight = torch.zeros(2, num_templates)  # [a; b] / TEMPLATE_GAIN
+        weight[0] = TEMPLATE_A_INIT / TEMPLATE_GAIN
+        self.weight = nn.Parameter(weight)
 
     def correlations(self, x: torch.Tensor) -> torch.Tensor:
         """``c_k``, ``[N, K]``."""

@@ -202,7 +202,8 @@ def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -
     """Load G and D from another run's checkpoint (``--init RUN``): a fine-tune with a fresh optimiser and
     schedule. The networks must be the run's, except that G may add positional maps (``positional_channels``),
     D the spectral classifier (``spectral_weight``) and pixel templates (``pixel_templates``), and both texture
-    labels (``num_textures``), which then start as the no-op they are at initialisation."""
+    labels (``num_textures``), which then start as they are at initialisation (a no-op, except for the pixel
+    templates: random, at a small weight)."""
     from safetensors.torch import load_file
 
     ckpt = init / "checkpoint"
@@ -238,9 +239,9 @@ def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -
     positional = [k for k in missing if k.startswith("positional.")]
     new = ([f"{len(positional)} positional tensors"] * bool(positional)
            + ["the spectral classifier"] * ("spectral.weight" in missing_d)
-           + ["the pixel templates"] * ("templates.weight" in missing_d)
+           + ["the pixel templates (random, a = 0.25)"] * ("templates.weight" in missing_d)
            + ["the texture labels"] * ("texture_embed.weight" in missing_d))
-    print(f"starting from {init} (its step {step})" + (f"; {' and '.join(new)} start at their no-op" if new else ""),
+    print(f"starting from {init} (its step {step})" + (f"; {' and '.join(new)} start as initialised" if new else ""),
           flush=True)
 
 
