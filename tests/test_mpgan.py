@@ -224,6 +224,16 @@ def test_pixel_templates_add_their_realness_and_score_a_pattern_fixed_to_the_gri
         assert float(gap) == pytest.approx(2 * 0.5 * 0.1 * norm, rel=1e-3)
         torch.testing.assert_close(d.logits_for_label_matching(on, lab)[0], d(on, lab))
     assert Discriminator(GANConfig.baseline(**SMALL)).templates is None
+    # R1/R2 do not see the templates' part: the penalties are the D without templates'
+    from kinegen.training.gan_loss import discriminator_loss
+
+    real, fake = torch.randn(4, 3, 16, 16), torch.randn(4, 3, 16, 16)
+    labels = torch.tensor([0, 1, 2, 3])
+    _, with_t = discriminator_loss(d, real, fake, labels, 1.0)
+    _, without = discriminator_loss(plain, real, fake, labels, 1.0)
+    for penalty in ("r1", "r2"):
+        assert with_t[penalty] == pytest.approx(without[penalty], rel=1e-5)
+    assert with_t["d_real"] != pytest.approx(without["d_real"], rel=1e-3)
     with pytest.raises(ValueError, match="pixel_templates"):
         GANConfig(pixel_templates=-1)
 

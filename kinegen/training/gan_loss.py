@@ -57,6 +57,16 @@ def _logits(d, x: torch.Tensor, labels: torch.Tensor, class_weight: float, textu
     return d.logits_for_label_matching(x, labels, textures)
 
 
+def _penalised(d, logits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The part of ``D(x, y)`` that R1/R2 see: all of it but the pixel templates' realness
+    (``GANConfig.pixel_templates``). Penalised, a template's weight ``a`` is held at 0: its gradient from the
+    penalty is ``gamma a`` (the template is a unit direction), its adversarial one a few hundredths once D is sure
+    (benchmarks/gan.md, "Pixel templates")."""
+    if getattr(d, "templates", None) is None:
+        return logits
+    return logits - d.template_logit(x)
+
+
 def discriminator_loss(d, real: torch.Tensor, fake: torch.Tensor, labels: torch.Tensor, gamma: float,
                        class_weight: float = 0.0, textures: torch.Tensor | None = None):
     """Returns ``(loss, stats)``; ``fake`` must come from the generator without a graph to it. With texture
@@ -65,7 +75,7 @@ def discriminator_loss(d, real: torch.Tensor, fake: torch.Tensor, labels: torch.
     fake = fake.detach().requires_grad_(True)
     (d_real, every_real), d_fake = _logits(d, real, labels, class_weight, textures), d(fake, labels, textures)
     adv = F.softplus(d_fake - d_real)
-    r1, r2 = gradient_penalty(d_real, real), gradient_penalty(d_fake, fake)
+    r1, r2 = gradient_penalty(_penalised(d, d_real, real), real), gradient_penalty(_penalised(d, d_fake, fake), fake)
     loss = (adv + gamma / 2 * (r1 + r2)).mean()
     stats = {"d_adv": float(adv.detach().mean()), "r1": float(r1.detach().mean()),
              "r2": float(r2.detach().mean()), "d_real": float(d_real.detach().mean()),
