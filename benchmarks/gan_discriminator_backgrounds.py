@@ -8,7 +8,7 @@ deviation of 3-4 of 255, what the R3GAN baseline draws on every background; benc
 version (with, for a run trained with ``--spectral-weight`` or ``--pixel-templates``, the spectral classifier's or
 the templates' part of it), and how often D scores the image with each real texture above the same image with the
 faint blotch (0.5: D does not tell them apart, so its gradient does not ask G for that texture instead of the
-blotch). For a run with pixel templates, each template's realness weights ``a`` and ``b`` and its cosine with the
+blotch). For a run with pixel templates, each template's sign weight ``b`` and its cosine with the
 data's checkered and striped patterns (at the data's place, and the largest over the pattern's other phases).
 
     .venv/bin/python benchmarks/gan_discriminator_backgrounds.py runs/gan-long/r3gan-s0 runs/gan-long/mp-s0 \\
@@ -68,14 +68,14 @@ def texture_scores(run: Path, n_images: int, blotch: float) -> dict:
 
 
 def template_patterns(d) -> list[dict]:
-    """Per pixel template: ``a``, ``b`` and its cosine with each patterned texture (the same in every channel, less
+    """Per pixel template: ``b`` and its cosine with each patterned texture (the same in every channel, less
     its mean) at the data's place and the largest |cosine| over the pattern's other phases (one period)."""
     from kinegen.data.shapes import texture_mask
     from kinegen.models.mpgan import TEMPLATE_GAIN
 
     t = d.templates.templates.detach().float()
     t = (t / t.flatten(1).norm(dim=1).view(-1, 1, 1, 1)).flatten(1)
-    a, b = (TEMPLATE_GAIN * d.templates.weight.detach().float()).tolist()
+    b = (TEMPLATE_GAIN * d.templates.weight.detach().float()).tolist()
     h = t.shape[-1] // 3
     res = int(round(h ** 0.5))
 
@@ -84,7 +84,7 @@ def template_patterns(d) -> list[dict]:
         m = (m - m.mean()).expand(3, res, res).flatten()
         return t @ (m / m.norm())
 
-    out = [{"a": a[k], "b": b[k]} for k in range(t.shape[0])]
+    out = [{"b": b[k]} for k in range(t.shape[0])]
     for texture, period in (("checkered", 2 * max(2, res // 8)), ("striped", 2 * max(2, res // 10))):
         own = cosines(texture, 0, 0)
         others = torch.stack([cosines(texture, dy, dx).abs() for dy in range(period) for dx in range(period)
@@ -121,9 +121,9 @@ def main() -> None:
         if r["templates"]:
             print(f"\n{run.name}, step {r['step']}: pixel templates\n\n| template | a | b | cosine with checkered: "
                   "data's place / best other phase | with striped: data's place / best other phase |\n"
-                  "|---|---|---|---|---|")
+                  "|---|---|---|---|")
             for k, tm in enumerate(r["templates"]):
-                print(f"| {k} | {tm['a']:.3f} | {tm['b']:.3f} | {tm['checkered']:.3f} / "
+                print(f"| {k} | {tm['b']:.3f} | {tm['checkered']:.3f} / "
                       f"{tm['checkered_other_phases']:.3f} | {tm['striped']:.3f} / {tm['striped_other_phases']:.3f} |")
 
 

@@ -191,7 +191,7 @@ def test_spectral_classifier_starts_as_a_no_op_then_adds_its_logit(mp):
 
 
 def test_pixel_templates_add_their_realness_and_score_a_pattern_fixed_to_the_grid():
-    from kinegen.models.mpgan import TEMPLATE_A_INIT, TEMPLATE_GAIN, Discriminator
+    from kinegen.models.mpgan import TEMPLATE_A, TEMPLATE_GAIN, Discriminator
 
     torch.manual_seed(0)
     d, plain = Discriminator(GANConfig.baseline(**SMALL, pixel_templates=2)), Discriminator(GANConfig.baseline(**SMALL))
@@ -200,28 +200,33 @@ def test_pixel_templates_add_their_realness_and_score_a_pattern_fixed_to_the_gri
     x, y = torch.randn(3, 3, 16, 16), torch.tensor([0, 1, 2])
     t = d.templates.templates.detach().flatten(1)
     c = (x - x.mean((2, 3), keepdim=True)).flatten(1) @ (t / t.norm(dim=1, keepdim=True)).T
-    # at the start a = TEMPLATE_A_INIT, b = 0: sum_k a sqrt(c_k^2 + eps) on top of the D without templates
-    torch.testing.assert_close(d(x, y), plain(x, y) + TEMPLATE_A_INIT * (c.square() + 1e-4).sqrt().sum(1))
+    # at the start b = 0: sum_k a sqrt(c_k^2 + eps) on top of the D without templates
+    torch.testing.assert_close(d(x, y), plain(x, y) + TEMPLATE_A * (c.square() + 1e-4).sqrt().sum(1))
     d(x, y).sum().backward()
     assert d.templates.weight.grad.abs().sum() > 0 and d.templates.templates.grad.abs().sum() > 0
-    # a checker fixed to the grid, as template 0 with a = 1: the logit rises by |<x - mean, T>| and is the same for
-    # the pattern's two signs, while a flat image (less its mean, nothing) adds sqrt(eps) only
+    # a checker fixed to the grid as template 0: the logit rises by a |<x - mean, T>| at either sign of the pattern,
+    # and b tells the signs apart
     checker = ((torch.arange(16)[:, None] // 4 + torch.arange(16)[None] // 4) % 2).float().expand(3, 16, 16)
     with torch.no_grad():
         d.templates.templates[0] = checker - checker.mean()
-        d.templates.weight.zero_()
-        d.templates.weight[0, 0] = 1 / TEMPLATE_GAIN
+        d.templates.templates[1] = torch.randn(3, 16, 16)
         flat = torch.full((1, 3, 16, 16), 0.3)
         on = flat + 0.1 * (checker - checker.mean())
         off = flat - 0.1 * (checker - checker.mean())
         norm = float((checker - checker.mean()).norm())
         lab = torch.tensor([0])
-        torch.testing.assert_close(d(on, lab) - plain(on, lab), torch.tensor([0.1 * norm]), atol=1e-3, rtol=1e-4)
-        torch.testing.assert_close(d(off, lab) - plain(off, lab), torch.tensor([0.1 * norm]), atol=1e-3, rtol=1e-4)
-        torch.testing.assert_close(d(flat, lab) - plain(flat, lab), torch.tensor([1e-2]), atol=1e-5, rtol=1e-4)
-        d.templates.weight[1, 0] = 0.5 / TEMPLATE_GAIN  # b tells the pattern's sign apart
-        gap = (d(on, lab) - plain(on, lab)) - (d(off, lab) - plain(off, lab))
-        assert float(gap) == pytest.approx(2 * 0.5 * 0.1 * norm, rel=1e-3)
+
+        def part(z):
+            return d(z, lab) - plain(z, lab)
+
+        c1 = float(d.templates.correlations(on)[0, 1])  # the random template's part, the same for +-pattern
+        assert abs(c1) < 0.1 * norm
+        expected = TEMPLATE_A * (((0.1 * norm) ** 2 + 1e-4) ** 0.5 + (c1 ** 2 + 1e-4) ** 0.5)
+        torch.testing.assert_close(part(on), torch.tensor([expected]), atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(part(off), torch.tensor([expected]), atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(part(flat), torch.tensor([2 * TEMPLATE_A * 1e-2]), atol=1e-5, rtol=1e-4)
+        d.templates.weight[0] = 0.5 / TEMPLATE_GAIN
+        assert float(part(on) - part(off)) == pytest.approx(2 * 0.5 * 0.1 * norm, rel=1e-3)
         torch.testing.assert_close(d.logits_for_label_matching(on, lab)[0], d(on, lab))
     assert Discriminator(GANConfig.baseline(**SMALL)).templates is None
     # R1/R2 do not see the templates' part: the penalties are the D without templates'

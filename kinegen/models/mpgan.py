@@ -403,38 +403,35 @@ def frequency_spectrum(x: torch.Tensor, eps: float = SPECTRUM_EPS) -> torch.Tens
     return torch.log(power + eps).to(x.dtype)
 
 
-# D's pixel templates' realness weights are stored divided by this gain (an equalised learning rate, as for
-# TextureEmbedding): at R3GAN's lr 2e-4 Adam moves them up to 2e-2 per step (at a gain of 10, a fine-tune of 300
-# steps left them at 0.03 or less: the noisy gradient of a few textured images per batch).
+# The weight of a pixel template's energy ``sqrt(c^2 + eps)`` in D's logit: fixed, not learned. Learned (from 0 or
+# from 0.25), it random-walked within 0.05 of 0 in fine-tunes of 50-300 steps: while the templates are random its
+# gradient has no sign, and the templates' own gradient is proportional to it. Fixed, each template is turned
+# towards a direction along which real images have more energy than G's, whatever the sign.
+TEMPLATE_A = 0.5
+# ``b``, the learned weight of the signed ``c`` (which phase of a pattern), is stored divided by this gain (an
+# equalised learning rate, as for TextureEmbedding).
 TEMPLATE_GAIN = 100.0
 # The templates are used at unit norm, so their stored scale is their learning rate's inverse: at this scale an
 # Adam step of 2e-4 turns a template by a few percent, at 1 (randn) by 0.02% and a fine-tune never learns one.
 TEMPLATE_INIT_STD = 5e-3
-# ``a``'s value at the start. At 0 the templates get no gradient (it is proportional to ``a``) and ``a`` itself only
-# a noisy one: in a fine-tune of 100 steps at this gain ``a`` and ``b`` stayed within 0.03 of 0. At 0.25 the eight
-# random templates add about 0.1 to D(real) - D(fake) at the start and D's gradient at G's images grows by a norm
-# of about 0.7, against its own 0.8 (R2 0.6).
-TEMPLATE_A_INIT = 0.25
 
 
 class PixelTemplates(nn.Module):
     """D's full-resolution view fixed to the pixel grid (``GANConfig.pixel_templates``; ours, not from a paper).
 
     ``K`` learned templates ``T_k`` ``[3, H, W]``, each used at unit norm, correlated with the image less its
-    per-channel mean: ``c_k = <x - mean(x), T_k>``; the realness ``sum_k a_k sqrt(c_k^2 + eps) + b_k c_k`` is added
-    to every logit ``D(x, y)``, unconditionally. D's convolutions and pooling are translation-equivariant and
-    average a faint pattern away by 4x4; a pattern fixed to the pixel grid (the shapes data's checkered and striped
-    backgrounds, benchmarks/gan.md "Backgrounds") is one direction of pixel space, which one template holds, so
-    D's gradient at G's images can point straight at it. ``a`` (the pattern at either sign) starts at
-    ``TEMPLATE_A_INIT`` and ``b`` (its sign) at zero: the templates start random, so at the start they add about
-    as much to a real image's logit as to a fake's."""
+    per-channel mean: ``c_k = <x - mean(x), T_k>``; the realness ``sum_k a sqrt(c_k^2 + eps) + b_k c_k`` is added to
+    every logit ``D(x, y)``, unconditionally, with ``a = TEMPLATE_A`` fixed and ``b`` learned from 0. D's
+    convolutions and pooling are translation-equivariant and average a faint pattern away by 4x4; a pattern fixed
+    to the pixel grid (the shapes data's checkered and striped backgrounds, benchmarks/gan.md "Backgrounds") is
+    one direction of pixel space, which one template can hold, and then D's gradient at G's images points straight
+    at it. The templates start random, so at the start they add about as much to a real image's logit as to a
+    fake's."""
 
     def __init__(self, num_templates: int, resolution: int):
         super().__init__()
         self.templates = nn.Parameter(TEMPLATE_INIT_STD * torch.randn(num_templates, 3, resolution, resolution))
-        weight = torch.zeros(2, num_templates)  # [a; b] / TEMPLATE_GAIN
-        weight[0] = TEMPLATE_A_INIT / TEMPLATE_GAIN
-        self.weight = nn.Parameter(weight)
+        self.weight = nn.Parameter(torch.zeros(num_templates))  # b / TEMPLATE_GAIN
 
     def correlations(self, x: torch.Tensor) -> torch.Tensor:
         """``c_k``, ``[N, K]``."""
@@ -444,8 +441,7 @@ class PixelTemplates(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         c = self.correlations(x)
-        a, b = TEMPLATE_GAIN * self.weight
-        return ((c.square() + 1e-4).sqrt() * a + c * b).sum(1)
+        return (TEMPLATE_A * (c.square() + 1e-4).sqrt() + TEMPLATE_GAIN * self.weight * c).sum(1)
 
 
 class Discriminator(nn.Module):

@@ -239,7 +239,7 @@ def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -
     positional = [k for k in missing if k.startswith("positional.")]
     new = ([f"{len(positional)} positional tensors"] * bool(positional)
            + ["the spectral classifier"] * ("spectral.weight" in missing_d)
-           + ["the pixel templates (random, a = 0.25)"] * ("templates.weight" in missing_d)
+           + ["the pixel templates (random)"] * ("templates.weight" in missing_d)
            + ["the texture labels"] * ("texture_embed.weight" in missing_d))
     print(f"starting from {init} (its step {step})" + (f"; {' and '.join(new)} start as initialised" if new else ""),
           flush=True)

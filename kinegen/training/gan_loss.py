@@ -59,9 +59,8 @@ def _logits(d, x: torch.Tensor, labels: torch.Tensor, class_weight: float, textu
 
 def _penalised(d, logits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """The part of ``D(x, y)`` that R1/R2 see: all of it but the pixel templates' realness
-    (``GANConfig.pixel_templates``). Penalised, a template's weight ``a`` is held at 0: its gradient from the
-    penalty is ``gamma a`` (the template is a unit direction), its adversarial one a few hundredths once D is sure
-    (benchmarks/gan.md, "Pixel templates")."""
+    (``GANConfig.pixel_templates``). Its gradient at any image is ``a`` times a signed sum of unit templates, whose
+    norm a penalty could only lower by making the templates cancel one another, whatever they see."""
     if getattr(d, "templates", None) is None:
         return logits
     return logits - d.template_logit(x)
