@@ -119,7 +119,7 @@ def main() -> None:
                   + " / ".join(f"{r['mean_template_part'][k]:.2f}" for k in names) + " | |")
     for run, r in zip(args.runs, results, strict=True):
         if r["templates"]:
-            print(f"\n{run.name}, step {r['step']}: pixel templates\n\n| template | a | b | cosine with checkered: "
+            print(f"\n{run.name}, step {r['step']}: pixel templates\n\n| template | b | cosine with checkered: "
                   "data's place / best other phase | with striped: data's place / best other phase |\n"
                   "|---|---|---|---|")
             for k, tm in enumerate(r["templates"]):

@@ -10,7 +10,9 @@ classes balanced):
   it (``texture_mask(..., dy, dx)``, one period in each direction); a generator that draws the pattern but not at
   the pixel-grid place the data fix it to scores here and not in the reader;
 - **how much the background spreads**: percentiles of the MAD (the data's plain backgrounds 0, noisy 5 to 13),
-  which tell a faint blotch from real noise.
+  which tell a faint blotch from real noise;
+- **a pattern on its way**: the mean correlation with each pattern at the data's place over all images (a flat
+  background counts 0), which moves before any image passes the reader's threshold.
 
     .venv/bin/python benchmarks/gan_textures.py runs/gan-long/r3gan-s0/snapshots/0003000_0.100.safetensors \\
         assets/models/kinegen-shapes-gan [--images 600]
@@ -77,6 +79,7 @@ def texture_probe(images: np.ndarray) -> dict:
     period = {"checkered": 2 * max(2, min(h, w) // 8), "striped": 2 * max(2, min(h, w) // 10)}
     shifts = {p: [texture_mask(p, h, w, dy, dx) for dy in range(n) for dx in range(n)] for p, n in period.items()}
     reads, at_phase, any_phase, mads = [], {p: 0 for p in period}, {p: 0 for p in period}, []
+    corr_sum = {p: 0.0 for p in period}
     for img in images:
         reads.append(read_background(img)[1])
         base = read_base(img)
@@ -90,10 +93,12 @@ def texture_probe(images: np.ndarray) -> dict:
         for p, masks in shifts.items():
             corr = [np.corrcoef(b, m[background])[0, 1] if m[background].std() > 0 else 0.0 for m in masks]
             at_phase[p] += corr[0] > PATTERN_CORRELATION
+            corr_sum[p] += float(corr[0])
             any_phase[p] += max(corr) > PATTERN_CORRELATION
     n = len(images)
     return {"textures": {t: reads.count(t) / n for t in ("plain", "checkered", "striped", "noisy", OTHER)},
             "at_phase": {p: v / n for p, v in at_phase.items()}, "any_phase": {p: v / n for p, v in any_phase.items()},
+            "mean_correlation": {p: v / n for p, v in corr_sum.items()},
             "mad_percentiles": np.percentile(mads, [10, 50, 90]).tolist() if mads else [float("nan")] * 3}
 
 
@@ -101,7 +106,8 @@ def row(name: str, m: dict) -> str:
     t, a, p = m["textures"], m["at_phase"], m["any_phase"]
     return (f"| {name} | {' / '.join(f'{t[k]:.0%}' for k in ('plain', 'checkered', 'striped', 'noisy', 'other'))} "
             f"| {a['checkered']:.0%} / {a['striped']:.0%} | {p['checkered']:.0%} / {p['striped']:.0%} "
-            f"| {' / '.join(f'{v:.1f}' for v in m['mad_percentiles'])} |")
+            f"| {' / '.join(f'{v:.1f}' for v in m['mad_percentiles'])} "
+            f"| {m['mean_correlation']['checkered']:.3f} / {m['mean_correlation']['striped']:.3f} |")
 
 
 def main() -> None:
@@ -117,8 +123,9 @@ def main() -> None:
 
     real, labels = reference_images(args.images, 32)
     print("| images | read as plain / checkered / striped / noisy / other | checkered / striped at the data's "
-          "place | at any phase | background MAD, 10th / 50th / 90th percentile (0-255) |")
-    print("|---|---|---|---|---|")
+          "place | at any phase | background MAD, 10th / 50th / 90th percentile (0-255) | mean correlation at the "
+          "data's place: checkered / striped |")
+    print("|---|---|---|---|---|---|")
     print(row(f"held-out real ({args.images})", texture_probe(real)))
     for path in args.generators:
         g = load_generator(path)
