@@ -57,15 +57,6 @@ def _logits(d, x: torch.Tensor, labels: torch.Tensor, class_weight: float, textu
     return d.logits_for_label_matching(x, labels, textures)
 
 
-def _penalised(d, logits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """The part of ``D(x, y)`` that R1/R2 see: all of it but the pixel templates' realness
-    (``GANConfig.pixel_templates``). Its gradient at any image is ``a`` times a signed sum of unit templates, whose
-    norm a penalty could only lower by making the templates cancel one another, whatever they see."""
-    if getattr(d, "templates", None) is None:
-        return logits
-    return logits - d.template_logit(x)
-
-
 def discriminator_loss(d, real: torch.Tensor, fake: torch.Tensor, labels: torch.Tensor, gamma: float,
                        class_weight: float = 0.0, textures: torch.Tensor | None = None):
     """Returns ``(loss, stats)``; ``fake`` must come from the generator without a graph to it. With texture
@@ -74,7 +65,12 @@ def discriminator_loss(d, real: torch.Tensor, fake: torch.Tensor, labels: torch.
     fake = fake.detach().requires_grad_(True)
     (d_real, every_real), d_fake = _logits(d, real, labels, class_weight, textures), d(fake, labels, textures)
     adv = F.softplus(d_fake - d_real)
-    r1, r2 = gradient_penalty(_penalised(d, d_real, real), real), gradient_penalty(_penalised(d, d_fake, fake), fake)
+    # R1/R2 see all of D(x, y) but the pixel templates' realness (GANConfig.pixel_templates): its gradient at any
+    # image is a signed sum of unit templates, whose norm a penalty could only lower by making the templates cancel
+    # one another, whatever they see. Computed once here, for the penalties and the log.
+    templates = getattr(d, "templates", None) is not None
+    t_real, t_fake = (d.template_logit(real), d.template_logit(fake)) if templates else (0.0, 0.0)
+    r1, r2 = gradient_penalty(d_real - t_real, real), gradient_penalty(d_fake - t_fake, fake)
     loss = (adv + gamma / 2 * (r1 + r2)).mean()
     stats = {"d_adv": float(adv.detach().mean()), "r1": float(r1.detach().mean()),
              "r2": float(r2.detach().mean()), "d_real": float(d_real.detach().mean()),
@@ -83,10 +79,8 @@ def discriminator_loss(d, real: torch.Tensor, fake: torch.Tensor, labels: torch.
         with torch.no_grad():
             stats["d_spec_real"] = float(d.spectral_logit(real).mean())
             stats["d_spec_fake"] = float(d.spectral_logit(fake).mean())
-    if getattr(d, "templates", None) is not None:  # the pixel templates' part of D(real) and D(fake), for the log
-        with torch.no_grad():
-            stats["d_tmpl_real"] = float(d.template_logit(real).mean())
-            stats["d_tmpl_fake"] = float(d.template_logit(fake).mean())
+    if templates:  # the pixel templates' part of D(real) and D(fake), for the log
+        stats["d_tmpl_real"], stats["d_tmpl_fake"] = float(t_real.detach().mean()), float(t_fake.detach().mean())
     if every_real is not None:
         cls = F.cross_entropy(every_real, labels)
         loss = loss + class_weight * cls
