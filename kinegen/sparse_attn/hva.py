@@ -34,7 +34,7 @@ from . import blocks as B
 from .block_sparse import BACKENDS
 from .clustering import ClusterState, global_kmeans, local_kmeans, refine
 
-MIN_TOKENS = 4096  # video tokens per call below which pipelines run dense (see HVAConfig.min_tokens)
+MIN_TOKENS = 8192  # video tokens per call below which pipelines run dense (see HVAConfig.min_tokens)
 
 
 @dataclasses.dataclass
