@@ -243,6 +243,35 @@ def test_pixel_templates_add_their_realness_and_score_a_pattern_fixed_to_the_gri
         GANConfig(pixel_templates=-1)
 
 
+def test_pixel_templates_under_texture_labels_weigh_the_correlations_per_label(tmp_path):
+    from safetensors.torch import load_file
+
+    from kinegen.models.mpgan import TEMPLATE_GAIN, Discriminator
+    from kinegen.training.gan import train_gan
+
+    torch.manual_seed(0)
+    kw = dict(num_textures=4, texture_prior=(0.55, 0.15, 0.15, 0.15))
+    d = Discriminator(GANConfig.baseline(**SMALL, pixel_templates=2, **kw))
+    assert d.templates.texture_weight.shape == (4, 2) and d.templates.texture_weight.abs().sum() == 0
+    x, y = torch.randn(4, 3, 16, 16), torch.tensor([0, 1, 2, 3])
+    t = torch.tensor([0, 1, 2, 3])
+    base = d(x, y, t)
+    with torch.no_grad():
+        d.templates.texture_weight[1, 0] = 0.5 / TEMPLATE_GAIN  # label 1 (checkered) rewards template 0
+    c0 = d.templates.correlations(x)[:, 0].detach()
+    moved = (d(x, y, t) - base).detach()
+    torch.testing.assert_close(moved, torch.tensor([0.0, 0.5 * float(c0[1]), 0.0, 0.0]), atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(d.logits_for_label_matching(x, y, t)[0], d(x, y, t))
+    d(x, y, t).sum().backward()
+    assert d.templates.texture_weight.grad[1, 0] != 0
+    # a run with templates continued with texture labels: the per-label table starts at 0 and trains
+    train_gan(tmp_path / "a", _tiny_train(variant="r3gan", pixel_templates=2))
+    train_gan(tmp_path / "b", _tiny_train(variant="r3gan", pixel_templates=2, texture_labels=True,
+                                          init=str(tmp_path / "a")))
+    db = load_file(str(tmp_path / "b" / "checkpoint" / "discriminator.safetensors"))
+    assert db["templates.texture_weight"].shape == (4, 2) and db["templates.texture_weight"].abs().sum() > 0
+
+
 def test_textures_drawn_from_the_latent_follow_the_prior():
     from kinegen.models.mpgan import texture_of_latent
 

@@ -426,12 +426,20 @@ class PixelTemplates(nn.Module):
     to the pixel grid (the shapes data's checkered and striped backgrounds, benchmarks/gan.md "Backgrounds") is
     one direction of pixel space, which one template can hold, and then D's gradient at G's images points straight
     at it. The templates start random, so at the start they add about as much to a real image's logit as to a
-    fake's."""
+    fake's.
 
-    def __init__(self, num_templates: int, resolution: int):
+    With texture labels (``num_textures``; :class:`TextureEmbedding`) ``b`` depends on the image's texture label
+    too, ``b_k + b_{t,k}`` (the second table learned from 0): a projection of the correlations on the label, so
+    that D can ask a fake labelled checkered for the checker and one labelled plain for none, rather than every
+    fake for a little of it (a realness convex in ``c`` cannot score a mixture of patterned and plain images
+    above a faint pattern on all of them)."""
+
+    def __init__(self, num_templates: int, resolution: int, num_textures: int = 0):
         super().__init__()
         self.templates = nn.Parameter(TEMPLATE_INIT_STD * torch.randn(num_templates, 3, resolution, resolution))
         self.weight = nn.Parameter(torch.zeros(num_templates))  # b / TEMPLATE_GAIN
+        # b_{t,k} / TEMPLATE_GAIN, per texture label
+        self.texture_weight = nn.Parameter(torch.zeros(num_textures, num_templates)) if num_textures else None
 
     def correlations(self, x: torch.Tensor) -> torch.Tensor:
         """``c_k``, ``[N, K]``."""
@@ -439,9 +447,14 @@ class PixelTemplates(nn.Module):
         x = x.to(t.dtype)
         return torch.einsum("nchw,kchw->nk", x - x.mean((2, 3), keepdim=True), t)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, textures: torch.Tensor | None = None) -> torch.Tensor:
+        """The realness ``[N]``; ``textures`` (the images' texture labels) where the templates have per-label
+        weights, else None (then the shared ``b`` alone)."""
         c = self.correlations(x)
-        return (TEMPLATE_A * (c.square() + 1e-4).sqrt() + TEMPLATE_GAIN * self.weight * c).sum(1)
+        b = self.weight
+        if textures is not None and self.texture_weight is not None:
+            b = b + self.texture_weight[textures]
+        return (TEMPLATE_A * (c.square() + 1e-4).sqrt() + TEMPLATE_GAIN * b * c).sum(1)
 
 
 class Discriminator(nn.Module):
@@ -479,7 +492,8 @@ class Discriminator(nn.Module):
             nn.init.zeros_(self.spectral.weight)
         self.texture_embed = (TextureEmbedding(cfg.num_textures, cfg.embed_dim, cfg.texture_gain)
                               if cfg.num_textures else None)
-        self.templates = PixelTemplates(cfg.pixel_templates, cfg.resolution) if cfg.pixel_templates else None
+        self.templates = (PixelTemplates(cfg.pixel_templates, cfg.resolution, cfg.num_textures)
+                          if cfg.pixel_templates else None)
         self.magnitudes: list[float] = []
         self.track_magnitudes = False
 
@@ -493,13 +507,15 @@ class Discriminator(nn.Module):
             return 0.0
         return self.cfg.spectral_weight * self.spectral(reduced_spectrum(x).to(self.spectral.weight.dtype))[:, 0]
 
-    def template_logit(self, x: torch.Tensor) -> torch.Tensor | float:
-        """The pixel templates' realness (:class:`PixelTemplates`), ``[N]``; 0 without them."""
-        return 0.0 if self.templates is None else self.templates(x)
+    def template_logit(self, x: torch.Tensor, textures: torch.Tensor | None = None) -> torch.Tensor | float:
+        """The pixel templates' realness (:class:`PixelTemplates`; under the texture labels where given), ``[N]``;
+        0 without them."""
+        return 0.0 if self.templates is None else self.templates(x, textures)
 
-    def unconditional_logit(self, x: torch.Tensor) -> torch.Tensor | float:
-        """What D adds to every projection logit whatever the label: the spectral and template parts."""
-        return self.spectral_logit(x) + self.template_logit(x)
+    def unconditional_logit(self, x: torch.Tensor, textures: torch.Tensor | None = None) -> torch.Tensor | float:
+        """What D adds to the class projection: the spectral and template parts (the templates' under the
+        texture label, where given)."""
+        return self.spectral_logit(x) + self.template_logit(x, textures)
 
     def pooled(self, x: torch.Tensor) -> torch.Tensor:
         """The trunk and the head up to the 4x4 basis: one vector per image, the input of the last linear layer."""
@@ -556,7 +572,7 @@ class Discriminator(nn.Module):
         """
         p = self.pooled(x)
         h = self.head2(p)
-        own = self.project(h, class_labels, textures) + self.unconditional_logit(x)
+        own = self.project(h, class_labels, textures) + self.unconditional_logit(x, textures)
         return own, (self.class_head(p) if self.class_head is not None else self.project_all(h))
 
     def project_all(self, h: torch.Tensor) -> torch.Tensor:
@@ -581,7 +597,7 @@ class Discriminator(nn.Module):
                 ) -> torch.Tensor:
         """The projection logit ``D(x, y)`` of each image under its own label (and texture, when given; plus
         :meth:`unconditional_logit`: the spectral and pixel-template parts where they are on), ``[N]``."""
-        return self.project(self.features(x), class_labels, textures) + self.unconditional_logit(x)
+        return self.project(self.features(x), class_labels, textures) + self.unconditional_logit(x, textures)
 
 
 def renormalize_(module: nn.Module) -> None:

@@ -227,7 +227,8 @@ def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -
                           "--variant, --widths and switches as that run (only --positional-channels, --spectral-weight "
                           "and --pixel-templates may be added, and --texture-labels turned on).")
     missing_d, unexpected_d = d.load_state_dict(load_file(str(ckpt / "discriminator.safetensors")), strict=False)
-    new_d = ("spectral.weight", "texture_embed.weight", "templates.templates", "templates.weight")
+    new_d = ("spectral.weight", "texture_embed.weight", "templates.templates", "templates.weight",
+             "templates.texture_weight")
     if unexpected_d or any(k not in new_d for k in missing_d):
         raise ConfigError(f"--init {init}: its discriminator's weights do not fit (missing {missing_d}, unexpected "
                           f"{unexpected_d}).")

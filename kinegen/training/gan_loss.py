@@ -69,7 +69,7 @@ def discriminator_loss(d, real: torch.Tensor, fake: torch.Tensor, labels: torch.
     # image is a signed sum of unit templates, whose norm a penalty could only lower by making the templates cancel
     # one another, whatever they see. Computed once here, for the penalties and the log.
     templates = getattr(d, "templates", None) is not None
-    t_real, t_fake = (d.template_logit(real), d.template_logit(fake)) if templates else (0.0, 0.0)
+    t_real, t_fake = (d.template_logit(real, textures), d.template_logit(fake, textures)) if templates else (0.0, 0.0)
     r1, r2 = gradient_penalty(d_real - t_real, real), gradient_penalty(d_fake - t_fake, fake)
     loss = (adv + gamma / 2 * (r1 + r2)).mean()
     stats = {"d_adv": float(adv.detach().mean()), "r1": float(r1.detach().mean()),
