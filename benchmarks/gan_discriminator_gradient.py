@@ -63,17 +63,25 @@ def load_run(run: Path):
     return g, d, net, step
 
 
-def gradient_projections(run: Path, n_images: int) -> dict:
+def gradient_projections(run: Path, n_images: int, texture: str | None = None) -> dict:
+    """With texture labels, G draws and D scores every image under ``texture`` (a name of
+    ``kinegen.data.shapes.TEXTURES``), or under each latent's own texture where None."""
+    from kinegen.data.shapes import TEXTURES
+
     g, d, net, step = load_run(run)
     size = net.resolution
     labels = torch.arange(n_images) % net.num_classes
     z = torch.randn(n_images, net.z_dim, generator=torch.Generator().manual_seed(7))
+    if not net.num_textures:
+        texture = None  # a run without texture labels: G draws and D scores as trained
+    forced = None if texture is None else torch.full((n_images,), TEXTURES.index(texture))
+    textures = g.texture_labels(z, forced)
     with torch.no_grad():
-        x = g(z, labels).clamp(-1, 1)
+        x = g(z, labels, textures).clamp(-1, 1)
     x.requires_grad_(True)
-    d(x, labels).sum().backward()
+    d(x, labels, textures).sum().backward()
     grad = x.grad.detach()  # [N, 3, H, W]: each image's own gradient (D scores images independently)
-    out = {"run": str(run), "step": step, "images": n_images,
+    out = {"run": str(run), "step": step, "images": n_images, "texture_label": texture,
            "gradient_rms": float(grad.square().mean().sqrt())}
     rng = torch.Generator().manual_seed(0)
     for texture in AMPLITUDE:
@@ -95,17 +103,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--images", type=int, default=300)
+    parser.add_argument("--texture", action="append", default=None,
+                        help="runs with texture labels: draw and score every image labelled with this texture "
+                             "(repeat for several; default: each latent's own)")
     args = parser.parse_args()
+    from kinegen.training.gan import load_run_config
+
     torch.set_num_threads(1)
-    print("| run | step | texture | <g, delta> at the data's place: mean (share > 0) | other phases, RMS | "
-          "random patterns, RMS |")
-    print("|---|---|---|---|---|---|")
+    print("| run | step | texture label | pattern | <g, delta> at the data's place: mean (share > 0) | "
+          "other phases, RMS | random patterns, RMS |")
+    print("|---|---|---|---|---|---|---|")
     for run in args.runs:
-        r = gradient_projections(run, args.images)
-        for t in AMPLITUDE:
-            s = r[t]
-            print(f"| {run.name} | {r['step']} | {t} | {s['at_place_mean']:+.3f} ({s['at_place_share_positive']:.2f}) "
-                  f"| {s['other_phases_rms']:.3f} | {s['random_rms']:.3f} |")
+        for label in dict.fromkeys(args.texture or [None]) if load_run_config(run).num_textures else [None]:
+            r = gradient_projections(run, args.images, label)
+            for t in AMPLITUDE:
+                s = r[t]
+                print(f"| {run.name} | {r['step']} | {label or 'own'} | {t} | {s['at_place_mean']:+.3f} "
+                      f"({s['at_place_share_positive']:.2f}) | {s['other_phases_rms']:.3f} | {s['random_rms']:.3f} |")
 
 
 if __name__ == "__main__":
