@@ -158,6 +158,40 @@ def pooled(records: list[dict], names, keys) -> dict:
     return table
 
 
+def paired_against_dense(records: list[dict], names) -> dict:
+    """Per setting, over the videos: the mean and standard error of each video's windows right minus dense's on the
+    same video (points), and the per-video speedups and KV ratios (mean, min, max)."""
+    out = {}
+    for name in names:
+        rows = [(next(r for r in rec["settings"] if r["setting"] == name),
+                 next(r for r in rec["settings"] if r["setting"] == "dense")) for rec in records]
+        diff = {a: np.array([100 * (r["right"][a] - d["right"][a]) for r, d in rows]) for a in ("shape", "colour",
+                                                                                             "motion")}
+        se = (lambda x: float(x.std(ddof=1) / np.sqrt(len(x))) if len(x) > 1 else float("nan"))
+        out[name] = {"videos": len(rows),
+                     "against_dense_points": {a: {"mean": float(x.mean()), "se": se(x)} for a, x in diff.items()},
+                     **{k: {"mean": float(np.mean([r[k] for r, _ in rows])), "min": float(min(r[k] for r, _ in rows)),
+                            "max": float(max(r[k] for r, _ in rows))}
+                        for k in ("transformer_speedup", "end_to_end_speedup", "kv_ratio", "kv_ratio_max", "psnr_db")}}
+    return out
+
+
+def cmd_pool(args) -> dict:
+    """Several ``sweep`` files (the same settings, different prompts) pooled: the windows right per setting and each
+    setting's paired difference against dense, video by video."""
+    runs = [json.loads(Path(f).read_text()) for f in args.files]
+    records = [v for run in runs for v in run["videos"]]
+    names = [r["setting"] for r in records[0]["settings"]]
+    if any([r["setting"] for r in rec["settings"]] != names for rec in records):
+        raise SystemExit("the files ran different settings; pool files of the same settings")
+    table = pooled(records, names, ("transformer_speedup", "end_to_end_speedup", "kv_ratio", "kv_ratio_max", "psnr_db",
+                                    "ssim", "computed_share"))
+    paired = paired_against_dense(records, names)
+    for name in names:
+        table[name]["against_dense_points"] = paired[name]["against_dense_points"]
+    return {"files": list(args.files), "videos": len(records), "table": table, "per_setting": paired}
+
+
 def _load(model: str, context_noise: float | None):
     """A chunk-by-chunk pipeline, committing at ``context_noise`` if given (else the model's own setting)."""
     import kinegen
@@ -355,12 +389,15 @@ def main(argv=None) -> int:
     m.add_argument("--frames", type=int, default=97)
     m.add_argument("--dasa", default="", help="DASA settings of the tracker, e.g. dilate=1,low=1 (default: defaults)")
     m.add_argument("--output", required=True)
+    p = sub.add_parser("pool", help="several sweep files pooled, with each setting's paired difference against dense")
+    p.add_argument("files", nargs="+")
+    p.add_argument("--output", required=True)
     args = ap.parse_args(argv)
 
     from kinegen.media import atomic_write_text
 
     t0 = time.perf_counter()
-    out = {"rollouts": cmd_rollouts, "sweep": cmd_sweep, "masks": cmd_masks}[args.cmd](args)
+    out = {"rollouts": cmd_rollouts, "sweep": cmd_sweep, "masks": cmd_masks, "pool": cmd_pool}[args.cmd](args)
     out = {"command": "python benchmarks/dasa.py " + " ".join(sys.argv[1:] if argv is None else argv),
            "date": time.strftime("%Y-%m-%d %H:%M"), "seconds": time.perf_counter() - t0, **out}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
