@@ -264,6 +264,21 @@ def test_pixel_templates_under_texture_labels_weigh_the_correlations_per_label(t
     torch.testing.assert_close(d.logits_for_label_matching(x, y, t)[0], d(x, y, t))
     d(x, y, t).sum().backward()
     assert d.templates.texture_weight.grad[1, 0] != 0
+    # with a curvature q the realness loses q/2 c^2 per template, so along a template it peaks instead of rising
+    curved = Discriminator(GANConfig.baseline(**SMALL, pixel_templates=2, template_curvature=2.0, **kw))
+    curved.load_state_dict(d.state_dict())
+    c = d.templates.correlations(x).detach()
+    torch.testing.assert_close(curved(x, y, t), (d(x, y, t) - c.square().sum(1)).detach())
+    with torch.no_grad():
+        curved.templates.templates.copy_(torch.randn(2, 3, 16, 16))
+        curved.templates.weight.zero_()
+        curved.templates.texture_weight.zero_()
+        curved.templates.texture_weight[1, 0] = 2.0 / TEMPLATE_GAIN  # b = 2: the peak at c = (b + a) / q = 1.25
+        unit = curved.templates.templates[0] / curved.templates.templates[0].norm()
+        scores = [float(curved.templates(s * unit[None], torch.tensor([1]))) for s in (0.5, 1.25, 3.0, 10.0)]
+    assert scores[1] > scores[0] and scores[1] > scores[2] > scores[3]
+    with pytest.raises(ValueError, match="template_curvature"):
+        GANConfig(template_curvature=-1)
     # a run with templates continued with texture labels: the per-label table starts at 0 and trains
     train_gan(tmp_path / "a", _tiny_train(variant="r3gan", pixel_templates=2))
     train_gan(tmp_path / "b", _tiny_train(variant="r3gan", pixel_templates=2, texture_labels=True,

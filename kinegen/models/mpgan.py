@@ -432,10 +432,16 @@ class PixelTemplates(nn.Module):
     too, ``b_k + b_{t,k}`` (the second table learned from 0): a projection of the correlations on the label, so
     that D can ask a fake labelled checkered for the checker and one labelled plain for none, rather than every
     fake for a little of it (a realness convex in ``c`` cannot score a mixture of patterned and plain images
-    above a faint pattern on all of them)."""
+    above a faint pattern on all of them).
 
-    def __init__(self, num_templates: int, resolution: int, num_textures: int = 0):
+    With ``curvature`` ``q > 0`` each template's realness loses ``q / 2 c_k^2``: without it the realness only rises
+    with ``|c_k|`` (convex), so D can never tell G it has drawn too much of a template, and G, asked for a
+    template's pattern, overshoots without end (benchmarks/gan.md, "Pixel templates under texture labels"); with
+    it, D's realness along ``c_k`` peaks at ``(b +- a) / q``, which D moves to where the real images are."""
+
+    def __init__(self, num_templates: int, resolution: int, num_textures: int = 0, curvature: float = 0.0):
         super().__init__()
+        self.curvature = curvature
         self.templates = nn.Parameter(TEMPLATE_INIT_STD * torch.randn(num_templates, 3, resolution, resolution))
         self.weight = nn.Parameter(torch.zeros(num_templates))  # b / TEMPLATE_GAIN
         # b_{t,k} / TEMPLATE_GAIN, per texture label
@@ -454,7 +460,10 @@ class PixelTemplates(nn.Module):
         b = self.weight
         if textures is not None and self.texture_weight is not None:
             b = b + self.texture_weight[textures]
-        return (TEMPLATE_A * (c.square() + 1e-4).sqrt() + TEMPLATE_GAIN * b * c).sum(1)
+        r = TEMPLATE_A * (c.square() + 1e-4).sqrt() + TEMPLATE_GAIN * b * c
+        if self.curvature:
+            r = r - self.curvature / 2 * c.square()
+        return r.sum(1)
 
 
 class Discriminator(nn.Module):
@@ -492,8 +501,8 @@ class Discriminator(nn.Module):
             nn.init.zeros_(self.spectral.weight)
         self.texture_embed = (TextureEmbedding(cfg.num_textures, cfg.embed_dim, cfg.texture_gain)
                               if cfg.num_textures else None)
-        self.templates = (PixelTemplates(cfg.pixel_templates, cfg.resolution, cfg.num_textures)
-                          if cfg.pixel_templates else None)
+        self.templates = (PixelTemplates(cfg.pixel_templates, cfg.resolution, cfg.num_textures,
+                                         cfg.template_curvature) if cfg.pixel_templates else None)
         self.magnitudes: list[float] = []
         self.track_magnitudes = False
 

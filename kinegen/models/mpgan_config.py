@@ -8,7 +8,7 @@ import dataclasses
 import math
 
 # GANConfig's fields that only the discriminator reads: a saved generator does not keep them.
-D_ONLY_FIELDS = ("mbstd_group", "separate_class_head", "spectral_weight", "pixel_templates")
+D_ONLY_FIELDS = ("mbstd_group", "separate_class_head", "spectral_weight", "pixel_templates", "template_curvature")
 
 # The MP switches of GANConfig, in order: all True is the MP-GAN, all False the R3GAN baseline.
 MP_SWITCHES = ("weight_norm", "centering", "mp_lrelu", "mp_residual", "ff_heads", "free_transitions",
@@ -60,6 +60,9 @@ class GANConfig:
     # correlations with the image add a realness to D's logit (:class:`~kinegen.models.mpgan.PixelTemplates`;
     # ours). For the same backgrounds: a pattern fixed to the grid is one direction of pixel space. 0 = off (R3GAN).
     pixel_templates: int = 0
+    # D only: the templates' realness less ``template_curvature / 2 * c_k^2`` per template, so that it peaks at a
+    # finite correlation instead of rising without end (PixelTemplates); 0 = off (the runs before 2026-12-06).
+    template_curvature: float = 0.0
     # Not an MP switch: the background texture as a second label of both networks (``num_textures`` of them;
     # 0 = off, R3GAN). G adds a texture vector to its class vector; D adds ``h . t_k / sqrt(dim)`` to its
     # projection logit (:class:`~kinegen.models.mpgan.TextureEmbedding`; Miyato & Koyama's projection, one more
@@ -86,6 +89,8 @@ class GANConfig:
             raise ValueError(f"positional_channels is a number of channels (0 = off), got {self.positional_channels}")
         if self.pixel_templates < 0:
             raise ValueError(f"pixel_templates is a number of templates (0 = off), got {self.pixel_templates}")
+        if not self.template_curvature >= 0:
+            raise ValueError(f"template_curvature must be >= 0 (0 = off), got {self.template_curvature}")
         if not self.spectral_weight >= 0:
             raise ValueError(f"spectral_weight is a weight >= 0 (0 = off), got {self.spectral_weight}")
         self.texture_prior = tuple(float(p) for p in self.texture_prior)

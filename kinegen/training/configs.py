@@ -138,6 +138,7 @@ class GANTrainConfig:
     positional_channels: int = 0  # G's learned positional map per stage from 8x8 (Xu et al. 2021); 0 = off
     spectral_weight: float = 0.0  # weight of D's SSD-GAN classifier on the reduced spectrum (Chen et al. 2021); 0 = off
     pixel_templates: int = 0  # D's learned full-resolution templates fixed to the pixel grid (ours); 0 = off
+    template_curvature: float = 0.0  # their realness less q/2 c^2 per template, so that it peaks; 0 = off
     texture_labels: bool = False  # the background texture as a second label of G and D (shapes data); off = R3GAN
     init: str | None = None  # start G and D from this GAN run's checkpoint (a fine-tune; may add the four above)
     mbstd_group: int = 0  # D's minibatch stddev over groups of this many images of one class (ProGAN); 0 = off

@@ -66,7 +66,8 @@ def network_config(cfg: GANTrainConfig, num_classes: int) -> GANConfig:
         return GANConfig(resolution=cfg.resolution, num_classes=num_classes, widths=widths,
                          mbstd_group=cfg.mbstd_group, separate_class_head=cfg.separate_class_head,
                          positional_channels=cfg.positional_channels, spectral_weight=cfg.spectral_weight,
-                         pixel_templates=cfg.pixel_templates, num_textures=len(prior), texture_prior=prior, **flags)
+                         pixel_templates=cfg.pixel_templates, template_curvature=cfg.template_curvature,
+                         num_textures=len(prior), texture_prior=prior, **flags)
     except ValueError as e:
         raise ConfigError(f"GAN settings: {e}") from None
 
@@ -220,7 +221,8 @@ def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -
     if src.num_textures and src.num_textures != net.num_textures:
         raise ConfigError(f"--init {init} was trained with texture labels; keep --texture-labels true.")
     if dataclasses.replace(src, positional_channels=net.positional_channels, spectral_weight=net.spectral_weight,
-                           pixel_templates=net.pixel_templates, num_textures=net.num_textures,
+                           pixel_templates=net.pixel_templates, template_curvature=net.template_curvature,
+                           num_textures=net.num_textures,
                            texture_prior=net.texture_prior, texture_gain=net.texture_gain) != net:
         diff = [f.name for f in dataclasses.fields(net) if getattr(src, f.name) != getattr(net, f.name)]
         raise ConfigError(f"--init {init} is another network (it differs in {', '.join(diff)}); give the same "
