@@ -501,7 +501,19 @@ def test_kinegen_app_flags_auth_file_concurrency_and_max_queue(tmp_path, monkeyp
             Client(url, auth=("alice", "pw2"), verbose=False)
         clients = [Client(url, auth=("bob", "pw2"), verbose=False) for _ in range(3)]
         slow = dict(prompt="a red circle", height=64, width=64, frames=17, steps=60)
-        jobs = [c.submit(seed=i, api_name="/generate", **slow) for i, c in enumerate(clients)]
+        from gradio_client.utils import Status
+
+        def submitted(i, until):  # submit, then wait until the server has the job in one of the ``until`` states
+            job = clients[i].submit(seed=i, api_name="/generate", **slow)
+            deadline = time.monotonic() + 60
+            while until and job.status().code not in until and time.monotonic() < deadline:
+                time.sleep(0.05)
+            return job
+
+        # one at a time, so that the first is running and the second waiting before the third arrives (submitted
+        # together on a busy machine, the second and third could both find the first still queued)
+        running = (Status.PROCESSING, Status.PROGRESS, Status.ITERATING, Status.FINISHED)
+        jobs = [submitted(0, running), submitted(1, (Status.IN_QUEUE, *running)), submitted(2, ())]
         outcomes = []
         for job in jobs:
             try:
