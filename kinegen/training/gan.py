@@ -227,7 +227,8 @@ def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -
         diff = [f.name for f in dataclasses.fields(net) if getattr(src, f.name) != getattr(net, f.name)]
         raise ConfigError(f"--init {init} is another network (it differs in {', '.join(diff)}); give the same "
                           "--variant, --widths and switches as that run (only --positional-channels, --spectral-weight "
-                          "and --pixel-templates may be added, and --texture-labels turned on).")
+                          "and --pixel-templates may be added, --template-curvature set, and --texture-labels turned "
+                          "on).")
     missing_d, unexpected_d = d.load_state_dict(load_file(str(ckpt / "discriminator.safetensors")), strict=False)
     new_d = ("spectral.weight", "texture_embed.weight", "templates.templates", "templates.weight",
              "templates.texture_weight")
