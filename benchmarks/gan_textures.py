@@ -17,6 +17,9 @@ classes balanced):
     .venv/bin/python benchmarks/gan_textures.py runs/gan-long/r3gan-s0/snapshots/0003000_0.100.safetensors \\
         assets/models/kinegen-shapes-gan [--images 600]
 
+With ``--grid PNG`` (one generator with texture labels) it also saves what the tables count: a row per texture
+label (plain, checkered, striped, noisy), the first eight classes, one latent per column (seed 1), 4x upscaled.
+
 Each argument is an ``MPGANPipeline`` folder, a run's EMA snapshot (``RUN/snapshots/STEP_SIGMA.safetensors``)
 or a run folder (its reconstructed ``RUN/pipeline``). Single-threaded.
 """
@@ -102,6 +105,27 @@ def texture_probe(images: np.ndarray) -> dict:
             "mad_percentiles": np.percentile(mads, [10, 50, 90]).tolist() if mads else [float("nan")] * 3}
 
 
+@torch.no_grad()
+def texture_grid(g, path: Path, classes: int = 8, scale: int = 4) -> None:
+    """Save a PNG: a row per texture label, a column per class (the first ``classes``), one latent per column."""
+    from PIL import Image
+
+    from kinegen.data.shapes import TEXTURES
+    from kinegen.media import atomic_path
+
+    z = torch.randn(classes, g.cfg.z_dim, generator=torch.Generator().manual_seed(1))
+    y = torch.arange(classes)
+    rows = [g(z, y, torch.full((classes,), k, dtype=torch.long)) for k in range(len(TEXTURES))]
+    x = torch.cat(rows)  # [rows * classes, 3, H, W]
+    img = ((x.clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    h, w = img.shape[1:3]
+    sheet = img.reshape(len(TEXTURES), classes, h, w, 3).transpose(0, 2, 1, 3, 4).reshape(len(TEXTURES) * h,
+                                                                                          classes * w, 3)
+    sheet = sheet.repeat(scale, 0).repeat(scale, 1)
+    with atomic_path(path) as tmp:
+        Image.fromarray(sheet).save(tmp, format="PNG")
+
+
 def row(name: str, m: dict) -> str:
     t, a, p = m["textures"], m["at_phase"], m["any_phase"]
     return (f"| {name} | {' / '.join(f'{t[k]:.0%}' for k in ('plain', 'checkered', 'striped', 'noisy', 'other'))} "
@@ -117,7 +141,11 @@ def main() -> None:
     parser.add_argument("--texture", action="append", default=None, choices=["plain", "checkered", "striped", "noisy"],
                         help="generators with texture labels: also read every image drawn with this label "
                              "(repeatable)")
+    parser.add_argument("--grid", type=Path, default=None,
+                        help="save a PNG of the (one) generator: a row per texture label, a column per class")
     args = parser.parse_args()
+    if args.grid is not None and len(args.generators) != 1:
+        parser.error(f"--grid takes one generator; got {len(args.generators)}")
     torch.set_num_threads(1)
     from kinegen.evaluation.gan_metrics import reference_images
 
@@ -129,6 +157,11 @@ def main() -> None:
     print(row(f"held-out real ({args.images})", texture_probe(real)))
     for path in args.generators:
         g = load_generator(path)
+        if args.grid is not None:
+            if not g.cfg.num_textures:
+                raise SystemExit(f"--grid: {path} has no texture labels; the grid's rows are texture labels")
+            texture_grid(g, args.grid)
+            print(f"saved {args.grid}", flush=True)
         print(row(str(path), texture_probe(generated_images(g, labels, g.cfg.z_dim))), flush=True)
         if g.cfg.num_textures:
             for texture in args.texture or []:

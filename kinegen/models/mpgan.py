@@ -521,9 +521,9 @@ class Discriminator(nn.Module):
         0 without them."""
         return 0.0 if self.templates is None else self.templates(x, textures)
 
-    def unconditional_logit(self, x: torch.Tensor, textures: torch.Tensor | None = None) -> torch.Tensor | float:
-        """What D adds to the class projection: the spectral and template parts (the templates' under the
-        texture label, where given)."""
+    def class_free_logit(self, x: torch.Tensor, textures: torch.Tensor | None = None) -> torch.Tensor | float:
+        """What D adds to the class projection, the part that does not depend on the class: the spectral and
+        template parts (the templates' under the texture label, where given)."""
         return self.spectral_logit(x) + self.template_logit(x, textures)
 
     def pooled(self, x: torch.Tensor) -> torch.Tensor:
@@ -581,7 +581,7 @@ class Discriminator(nn.Module):
         """
         p = self.pooled(x)
         h = self.head2(p)
-        own = self.project(h, class_labels, textures) + self.unconditional_logit(x, textures)
+        own = self.project(h, class_labels, textures) + self.class_free_logit(x, textures)
         return own, (self.class_head(p) if self.class_head is not None else self.project_all(h))
 
     def project_all(self, h: torch.Tensor) -> torch.Tensor:
@@ -605,8 +605,8 @@ class Discriminator(nn.Module):
     def forward(self, x: torch.Tensor, class_labels: torch.Tensor, textures: torch.Tensor | None = None
                 ) -> torch.Tensor:
         """The projection logit ``D(x, y)`` of each image under its own label (and texture, when given; plus
-        :meth:`unconditional_logit`: the spectral and pixel-template parts where they are on), ``[N]``."""
-        return self.project(self.features(x), class_labels, textures) + self.unconditional_logit(x, textures)
+        :meth:`class_free_logit`: the spectral and pixel-template parts where they are on), ``[N]``."""
+        return self.project(self.features(x), class_labels, textures) + self.class_free_logit(x, textures)
 
 
 def renormalize_(module: nn.Module) -> None:
