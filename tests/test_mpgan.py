@@ -152,6 +152,27 @@ def test_positional_maps_start_as_a_no_op_then_place_what_g_draws(mp):
     assert len(MPGANGenerator(**{**gen_cfg, "positional_channels": 0}).net.positional) == 0
 
 
+def test_positional_gain_keeps_the_maps_unit_scale_and_multiplies_how_far_a_step_moves_them():
+    cfgs = [GANConfig.baseline(**SMALL, positional_channels=4, positional_gain=g) for g in (1.0, 100.0)]
+    moved = []
+    for cfg in cfgs:
+        torch.manual_seed(0)
+        g = Generator(cfg)
+        p0 = g.positional[1].encoding().detach().clone()
+        assert 0.8 < float(p0.std()) < 1.2  # P starts as a unit-scale random field at any gain
+        assert torch.allclose(g.positional[1].map * cfg.positional_gain, p0)
+        with torch.no_grad():
+            g.positional[1].proj.weight.normal_()  # so that P has a gradient
+        opt = torch.optim.Adam([g.positional[1].map], lr=1e-3)
+        g(torch.randn(4, cfg.z_dim), torch.tensor([0, 1, 2, 3])).square().mean().backward()
+        opt.step()
+        moved.append(float((g.positional[1].encoding() - p0).abs().mean()))
+    # Adam's first step moves each stored entry by about lr; P moves gain times that
+    assert moved[0] == pytest.approx(1e-3, rel=0.05) and moved[1] == pytest.approx(0.1, rel=0.05)
+    with pytest.raises(ValueError, match="positional_gain"):
+        GANConfig(positional_channels=4, positional_gain=0)
+
+
 def test_reduced_spectrum_puts_a_flat_image_at_dc_and_a_checkerboard_at_its_ring():
     from kinegen.models.mpgan import SPECTRUM_EPS, reduced_spectrum
 
@@ -774,6 +795,14 @@ def test_gan_training_starts_from_another_runs_networks_and_may_add_positional_m
         train_gan(tmp_path / "d", _tiny_train(variant="r3gan", init=str(tmp_path)))
     for name in "cde":  # refused before anything is written
         assert not (tmp_path / name).exists()
+    # a fine-tune may raise the maps' learning-rate gain: the loaded maps are rescaled, G draws what it drew
+    out_f = train_gan(tmp_path / "f", _tiny_train(variant="r3gan", positional_channels=4, positional_gain=50.0,
+                                                  spectral_weight=1.0, pixel_templates=2, init=str(tmp_path / "b"),
+                                                  steps=1, lr=1e-12))
+    pb, pf = (MPGANPipeline.from_pretrained(o).gan.net for o in (out, out_f))
+    for mb, mf in zip(pb.positional, pf.positional, strict=True):
+        torch.testing.assert_close(mf.encoding(), mb.encoding(), rtol=1e-5, atol=1e-5)
+        assert float(mf.map.abs().mean()) < float(mb.map.abs().mean()) / 40  # stored at 1/50 the scale
 
 
 def test_discriminator_class_margins_start_at_zero_with_shared_class_embeddings():

@@ -258,12 +258,17 @@ class PositionalMap(nn.Module):
 
     def __init__(self, channels: int, resolution: int, width: int, cfg: GANConfig):
         super().__init__()
-        self.map = nn.Parameter(torch.randn(channels, resolution, resolution))
+        self.lr_gain = cfg.positional_gain  # P = lr_gain * map: an equalised learning rate (GANConfig)
+        self.map = nn.Parameter(torch.randn(channels, resolution, resolution) / self.lr_gain)
         self.proj = Conv(channels, width, 1, mp=cfg.weight_norm, centering=cfg.centering, zero_init=True)
         self.gain_logit = nn.Parameter(torch.zeros(width)) if cfg.weight_norm else None
 
+    def encoding(self) -> torch.Tensor:
+        """``P [C, r, r]``: the stored map times its learning-rate gain (unit scale at initialisation)."""
+        return self.map * self.lr_gain
+
     def forward(self, x: torch.Tensor, var: float | torch.Tensor) -> tuple[torch.Tensor, float | torch.Tensor]:
-        p = self.proj(self.map[None].to(x.dtype))
+        p = self.proj(self.encoding()[None].to(x.dtype))
         if self.gain_logit is None:
             return x + p, var
         gain = torch.tanh(self.gain_logit)

@@ -51,6 +51,12 @@ class GANConfig:
     # The shapes data's checkered and striped backgrounds are fixed to the pixel grid, which G cannot place
     # without knowing where it draws (benchmarks/gan.md, "Backgrounds"). 0 = off (R3GAN).
     positional_channels: int = 0
+    # G only: the positional maps are stored divided by this gain and used multiplied by it (an equalised learning
+    # rate, Karras et al., ProGAN, ICLR 2018, Sec. 4.1), so an optimiser step moves them ``gain`` times as far. At 1
+    # (the runs before 2026-12-06) a fine-tune at lr 2e-4 moved the unit-scale maps by 0.03 in 1,000 steps: they
+    # stayed the random fields they started as, and G drew the patterns out of them with a mottled layer on top
+    # (benchmarks/gan.md, "Positional maps that learn").
+    positional_gain: float = 1.0
     # D only, not an MP switch: SSD-GAN's frequency-aware classifier (Chen et al., AAAI 2021, Sec. 3.3), a linear
     # classifier on the image's reduced spectrum added to D's logit with this weight (:func:`reduced_spectrum`,
     # :meth:`Discriminator.spectral_logit`). D's downsampling blurs away the faint high-frequency textures of the
@@ -87,6 +93,9 @@ class GANConfig:
             raise ValueError(f"mbstd_group is a group size of at least 2 (0 = off), got {self.mbstd_group}")
         if self.positional_channels < 0:
             raise ValueError(f"positional_channels is a number of channels (0 = off), got {self.positional_channels}")
+        if not self.positional_gain > 0:
+            raise ValueError(f"positional_gain must be > 0 (1 = the map's own learning rate), got "
+                             f"{self.positional_gain}")
         if self.pixel_templates < 0:
             raise ValueError(f"pixel_templates is a number of templates (0 = off), got {self.pixel_templates}")
         if not self.template_curvature >= 0:

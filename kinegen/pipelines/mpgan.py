@@ -35,7 +35,8 @@ class MPGANGenerator(ModelMixin, ConfigMixin):
                  weight_norm: bool = _NET.weight_norm, centering: bool = _NET.centering, mp_lrelu: bool = _NET.mp_lrelu,
                  mp_residual: bool = _NET.mp_residual, ff_heads: bool = _NET.ff_heads, free_transitions: bool = False,
                  linear_extraction: bool = False, shared_class_init: bool = False,
-                 positional_channels: int = 0, num_textures: int = 0, texture_prior: tuple = (),
+                 positional_channels: int = 0, positional_gain: float = 1.0, num_textures: int = 0,
+                 texture_prior: tuple = (),
                  texture_gain: float = _NET.texture_gain,
                  class_names: list | None = None, texture_names: list | None = None):
         # The three R3GAN2 switches default to off here so that generators saved before they existed

@@ -65,7 +65,8 @@ def network_config(cfg: GANTrainConfig, num_classes: int) -> GANConfig:
     try:
         return GANConfig(resolution=cfg.resolution, num_classes=num_classes, widths=widths,
                          mbstd_group=cfg.mbstd_group, separate_class_head=cfg.separate_class_head,
-                         positional_channels=cfg.positional_channels, spectral_weight=cfg.spectral_weight,
+                         positional_channels=cfg.positional_channels, positional_gain=cfg.positional_gain,
+                         spectral_weight=cfg.spectral_weight,
                          pixel_templates=cfg.pixel_templates, template_curvature=cfg.template_curvature,
                          num_textures=len(prior), texture_prior=prior, **flags)
     except ValueError as e:
@@ -201,7 +202,8 @@ def ema_sigmas(cfg: GANTrainConfig) -> tuple[float, ...]:
 
 def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -> None:
     """Load G and D from another run's checkpoint (``--init RUN``): a fine-tune with a fresh optimiser and
-    schedule. The networks must be the run's, except that G may add positional maps (``positional_channels``),
+    schedule. The networks must be the run's, except that G may add positional maps (``positional_channels``) or
+    change their learning-rate gain (``positional_gain``: the loaded maps are rescaled to draw the same),
     D the spectral classifier (``spectral_weight``) and pixel templates (``pixel_templates``), and both texture
     labels (``num_textures``), which then start as they are at initialisation (a no-op, except for the pixel
     templates: random, at a small weight)."""
@@ -220,22 +222,26 @@ def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -
         raise ConfigError(f"--init {init} has --pixel-templates {src.pixel_templates}; use the same number.")
     if src.num_textures and src.num_textures != net.num_textures:
         raise ConfigError(f"--init {init} was trained with texture labels; keep --texture-labels true.")
-    if dataclasses.replace(src, positional_channels=net.positional_channels, spectral_weight=net.spectral_weight,
+    if dataclasses.replace(src, positional_channels=net.positional_channels, positional_gain=net.positional_gain,
+                           spectral_weight=net.spectral_weight,
                            pixel_templates=net.pixel_templates, template_curvature=net.template_curvature,
                            num_textures=net.num_textures,
                            texture_prior=net.texture_prior, texture_gain=net.texture_gain) != net:
         diff = [f.name for f in dataclasses.fields(net) if getattr(src, f.name) != getattr(net, f.name)]
         raise ConfigError(f"--init {init} is another network (it differs in {', '.join(diff)}); give the same "
                           "--variant, --widths and switches as that run (only --positional-channels, --spectral-weight "
-                          "and --pixel-templates may be added, --template-curvature set, and --texture-labels turned "
-                          "on).")
+                          "and --pixel-templates may be added, --positional-gain and --template-curvature set, and "
+                          "--texture-labels turned on).")
     missing_d, unexpected_d = d.load_state_dict(load_file(str(ckpt / "discriminator.safetensors")), strict=False)
     new_d = ("spectral.weight", "texture_embed.weight", "templates.templates", "templates.weight",
              "templates.texture_weight")
     if unexpected_d or any(k not in new_d for k in missing_d):
         raise ConfigError(f"--init {init}: its discriminator's weights do not fit (missing {missing_d}, unexpected "
                           f"{unexpected_d}).")
-    missing, unexpected = g.load_state_dict(load_file(str(ckpt / "generator.safetensors")), strict=False)
+    g_state = load_file(str(ckpt / "generator.safetensors"))
+    for k in [k for k in g_state if k.startswith("positional.") and k.endswith(".map")]:
+        g_state[k] = g_state[k] * (src.positional_gain / net.positional_gain)  # the same P under the new gain
+    missing, unexpected = g.load_state_dict(g_state, strict=False)
     if unexpected or any(not k.startswith("positional.") and k != "texture_embed.weight" for k in missing):
         raise ConfigError(f"--init {init}: its generator's weights do not fit (missing {missing}, unexpected "
                           f"{unexpected}).")
