@@ -69,7 +69,7 @@ def generated_images(g, labels: np.ndarray, z_dim: int, texture: str | None = No
 
 def texture_probe(images: np.ndarray) -> dict:
     """Reader's textures, patterns at the data's phase and at any phase, MAD percentiles, for uint8 images."""
-    from kinegen.data.shapes import texture_mask
+    from kinegen.data.shapes import BACKGROUNDS, texture_mask
     from kinegen.evaluation.gan_backgrounds import (
         OTHER,
         background_brightness,
@@ -83,9 +83,11 @@ def texture_probe(images: np.ndarray) -> dict:
     shifts = {p: [texture_mask(p, h, w, dy, dx) for dy in range(n) for dx in range(n)] for p, n in period.items()}
     reads, at_phase, any_phase, mads = [], {p: 0 for p in period}, {p: 0 for p in period}, []
     corr_sum = {p: 0.0 for p in period}
+    bases = []
     for img in images:
         reads.append(read_background(img)[1])
         base = read_base(img)
+        bases.append(base)
         if base == OTHER:
             continue
         background = background_mask(img, base)
@@ -100,6 +102,7 @@ def texture_probe(images: np.ndarray) -> dict:
             any_phase[p] += max(corr) > PATTERN_CORRELATION
     n = len(images)
     return {"textures": {t: reads.count(t) / n for t in ("plain", "checkered", "striped", "noisy", OTHER)},
+            "colours": {c: bases.count(c) / n for c in (*BACKGROUNDS, OTHER)},
             "at_phase": {p: v / n for p, v in at_phase.items()}, "any_phase": {p: v / n for p, v in any_phase.items()},
             "mean_correlation": {p: v / n for p, v in corr_sum.items()},
             "mad_percentiles": np.percentile(mads, [10, 50, 90]).tolist() if mads else [float("nan")] * 3}
@@ -131,7 +134,8 @@ def row(name: str, m: dict) -> str:
     return (f"| {name} | {' / '.join(f'{t[k]:.0%}' for k in ('plain', 'checkered', 'striped', 'noisy', 'other'))} "
             f"| {a['checkered']:.0%} / {a['striped']:.0%} | {p['checkered']:.0%} / {p['striped']:.0%} "
             f"| {' / '.join(f'{v:.1f}' for v in m['mad_percentiles'])} "
-            f"| {m['mean_correlation']['checkered']:.3f} / {m['mean_correlation']['striped']:.3f} |")
+            f"| {m['mean_correlation']['checkered']:.3f} / {m['mean_correlation']['striped']:.3f} "
+            f"| {' / '.join(f'{v:.0%}' for v in m['colours'].values())} |")
 
 
 def main() -> None:
@@ -147,13 +151,14 @@ def main() -> None:
     if args.grid is not None and len(args.generators) != 1:
         parser.error(f"--grid takes one generator; got {len(args.generators)}")
     torch.set_num_threads(1)
+    from kinegen.data.shapes import BACKGROUNDS
     from kinegen.evaluation.gan_metrics import reference_images
 
     real, labels = reference_images(args.images, 32)
     print("| images | read as plain / checkered / striped / noisy / other | checkered / striped at the data's "
           "place | at any phase | background MAD, 10th / 50th / 90th percentile (0-255) | mean correlation at the "
-          "data's place: checkered / striped |")
-    print("|---|---|---|---|---|---|")
+          "data's place: checkered / striped | background colour: " + " / ".join(BACKGROUNDS) + " / other |")
+    print("|---|---|---|---|---|---|---|")
     print(row(f"held-out real ({args.images})", texture_probe(real)))
     for path in args.generators:
         g = load_generator(path)
