@@ -71,7 +71,9 @@ def gradient_projections(run: Path, n_images: int, texture: str | None = None) -
     g, d, net, step = load_run(run)
     size = net.resolution
     labels = torch.arange(n_images) % net.num_classes
-    z = torch.randn(n_images, net.z_dim, generator=torch.Generator().manual_seed(7))
+    from kinegen.models.mpgan import draw_latents
+
+    z = draw_latents(n_images, net, torch.Generator().manual_seed(7))
     if not net.num_textures:
         texture = None  # a run without texture labels: G draws and D scores as trained
     forced = None if texture is None else torch.full((n_images,), TEXTURES.index(texture))

@@ -19,7 +19,7 @@ def measure(run: Path, n_images: int, sigma: float | None) -> list[dict]:
     from kinegen.training.gan import EVAL_FIELDS, GeneratorEval, load_run_config
 
     net = load_run_config(run)
-    evaluate = GeneratorEval(n_images, net.resolution, net.z_dim)  # the training eval's images and latents
+    evaluate = GeneratorEval(n_images, net.resolution, net)  # the training eval's images and latents
     rows = []
     for f in sorted((run / "snapshots").glob("*.safetensors")):
         step_s, sigma_s = f.stem.split("_")

@@ -33,13 +33,13 @@ def make_step(cfg: GANConfig, batch: int = 32):
 
     def step():
         with torch.no_grad():
-            fake = g(torch.randn(batch, cfg.z_dim), labels)
+            fake = g(torch.randn(batch, cfg.latent_dim), labels)
         loss_d, _ = discriminator_loss(d, real, fake, labels, 1.0)
         opt_d.zero_grad()
         loss_d.backward()
         opt_d.step()
         renormalize_(d)
-        loss_g, _ = generator_loss(d, real, g(torch.randn(batch, cfg.z_dim), labels), labels)
+        loss_g, _ = generator_loss(d, real, g(torch.randn(batch, cfg.latent_dim), labels), labels)
         opt_g.zero_grad()
         loss_g.backward()
         opt_g.step()

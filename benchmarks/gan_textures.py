@@ -52,10 +52,12 @@ def load_generator(path: Path):
 
 
 @torch.no_grad()
-def generated_images(g, labels: np.ndarray, z_dim: int, texture: str | None = None) -> np.ndarray:
+def generated_images(g, labels: np.ndarray, texture: str | None = None) -> np.ndarray:
     """The generator's images of ``labels`` from the training eval's latents; ``texture``: every image drawn with
     that texture label (generators trained with ``--texture-labels``; else each latent's own)."""
-    z = torch.randn(len(labels), z_dim, generator=torch.Generator().manual_seed(7))  # the training eval's
+    from kinegen.models.mpgan import draw_latents
+
+    z = draw_latents(len(labels), g.cfg, torch.Generator().manual_seed(7))  # the training eval's
     y = torch.from_numpy(labels).long()
     t = None
     if texture is not None:
@@ -115,8 +117,9 @@ def texture_grid(g, path: Path, classes: int = 8, scale: int = 4) -> None:
 
     from kinegen.data.shapes import TEXTURES
     from kinegen.media import atomic_path
+    from kinegen.models.mpgan import draw_latents
 
-    z = torch.randn(classes, g.cfg.z_dim, generator=torch.Generator().manual_seed(1))
+    z = draw_latents(classes, g.cfg, torch.Generator().manual_seed(1))
     y = torch.arange(classes)
     rows = [g(z, y, torch.full((classes,), k, dtype=torch.long)) for k in range(len(TEXTURES))]
     x = torch.cat(rows)  # [rows * classes, 3, H, W]
@@ -167,10 +170,10 @@ def main() -> None:
                 raise SystemExit(f"--grid: {path} has no texture labels; the grid's rows are texture labels")
             texture_grid(g, args.grid)
             print(f"saved {args.grid}", flush=True)
-        print(row(str(path), texture_probe(generated_images(g, labels, g.cfg.z_dim))), flush=True)
+        print(row(str(path), texture_probe(generated_images(g, labels))), flush=True)
         if g.cfg.num_textures:
             for texture in args.texture or []:
-                images = generated_images(g, labels, g.cfg.z_dim, texture)
+                images = generated_images(g, labels, texture)
                 print(row(f"{path}, every image labelled {texture}", texture_probe(images)), flush=True)
 
 

@@ -173,6 +173,36 @@ def test_positional_gain_keeps_the_maps_unit_scale_and_multiplies_how_far_a_step
         GANConfig(positional_channels=4, positional_gain=0)
 
 
+@pytest.mark.parametrize("mp", [True, False])
+def test_noise_inputs_start_as_a_no_op_then_vary_the_image_with_the_latents_noise_part(mp):
+    from kinegen.models.mpgan import draw_latents, split_latent
+
+    make = GANConfig if mp else GANConfig.baseline
+    cfg, plain_cfg = make(**SMALL, noise_inputs=True), make(**SMALL)
+    assert cfg.noise_resolutions == (8, 16) and cfg.latent_dim == cfg.z_dim + 64 + 256
+    assert plain_cfg.noise_resolutions == () and plain_cfg.latent_dim == plain_cfg.z_dim
+    torch.manual_seed(0)
+    g, plain = Generator(cfg), Generator(plain_cfg)
+    plain.load_state_dict(g.state_dict(), strict=False)
+    latent = draw_latents(3, cfg, torch.Generator().manual_seed(0))
+    z, noise = split_latent(latent, cfg)
+    assert [n.shape for n in noise] == [(3, 1, 8, 8), (3, 1, 16, 16)]
+    # z comes first and is what a generator without noise inputs draws from the same seed
+    torch.testing.assert_close(z, draw_latents(3, plain_cfg, torch.Generator().manual_seed(0)))
+    c = torch.tensor([0, 1, 2])
+    torch.testing.assert_close(g(latent, c), plain(z, c))  # weights at 0: a no-op
+    g(latent, c).square().mean().backward()
+    assert g.noise[0].weight.grad.abs().sum() > 0
+    with torch.no_grad():
+        for m in g.noise:
+            m.weight.fill_(0.05)
+        other = torch.cat([z, torch.randn(3, cfg.latent_dim - cfg.z_dim)], dim=1)  # same z, other noise
+        assert (g(other, c) - g(latent, c)).abs().max() > 1e-2
+        torch.testing.assert_close(g(latent, c), g(latent.clone(), c))  # a latent keeps its image
+    with pytest.raises(ValueError, match="latents of 384 values"):
+        g(z, c)
+
+
 def test_reduced_spectrum_puts_a_flat_image_at_dc_and_a_checkerboard_at_its_ring():
     from kinegen.models.mpgan import SPECTRUM_EPS, reduced_spectrum
 
@@ -797,12 +827,16 @@ def test_gan_training_starts_from_another_runs_networks_and_may_add_positional_m
         assert not (tmp_path / name).exists()
     # a fine-tune may raise the maps' learning-rate gain: the loaded maps are rescaled, G draws what it drew
     out_f = train_gan(tmp_path / "f", _tiny_train(variant="r3gan", positional_channels=4, positional_gain=50.0,
-                                                  spectral_weight=1.0, pixel_templates=2, init=str(tmp_path / "b"),
-                                                  steps=1, lr=1e-12))
+                                                  noise_inputs=True, spectral_weight=1.0, pixel_templates=2,
+                                                  init=str(tmp_path / "b"), steps=1, lr=1e-12))
     pb, pf = (MPGANPipeline.from_pretrained(o).gan.net for o in (out, out_f))
     for mb, mf in zip(pb.positional, pf.positional, strict=True):
         torch.testing.assert_close(mf.encoding(), mb.encoding(), rtol=1e-5, atol=1e-5)
         assert float(mf.map.abs().mean()) < float(mb.map.abs().mean()) / 40  # stored at 1/50 the scale
+    assert len(pf.noise) == 2 and all(float(m.weight.abs().max()) < 1e-6 for m in pf.noise)  # added, at 0
+    pipe_f = MPGANPipeline.from_pretrained(out_f)
+    a, b = (pipe_f(class_labels=[0, 1], seeds=[3, 4], output_type="pt").images for _ in range(2))
+    torch.testing.assert_close(a, b)  # a seed keeps its image: the noise images come from the seed too
 
 
 def test_discriminator_class_margins_start_at_zero_with_shared_class_embeddings():

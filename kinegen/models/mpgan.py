@@ -276,6 +276,51 @@ class PositionalMap(nn.Module):
 
 
 
+# The noise weights are stored divided by this gain (an equalised learning rate, as for TextureEmbedding): from 0 at a
+# fine-tune's lr of 2e-4, Adam then takes them to order 1 in hundreds of steps rather than thousands.
+NOISE_GAIN = 10.0
+
+
+class NoiseInput(nn.Module):
+    """StyleGAN's noise input (Karras et al., CVPR 2019, Sec. 3.2): a one-channel Gaussian image ``n [N, 1, r, r]``
+    broadcast to every channel with a learned per-channel weight, ``x + w n``. ``w`` starts at 0, so a generator
+    fine-tuned with noise inputs starts as the one it was. MP form: ``w = tanh(v)`` as in :class:`PositionalMap`,
+    the trunk's variance then grows by ``w^2`` (the noise is independent of the features)."""
+
+    def __init__(self, width: int, cfg: GANConfig):
+        super().__init__()
+        self.mp = cfg.weight_norm
+        self.weight = nn.Parameter(torch.zeros(width))
+
+    def forward(self, x: torch.Tensor, var: float | torch.Tensor, noise: torch.Tensor
+                ) -> tuple[torch.Tensor, float | torch.Tensor]:
+        w = NOISE_GAIN * self.weight
+        if self.mp:
+            w = torch.tanh(w)
+            var = var + w.detach() ** 2
+        return x + w.view(1, -1, 1, 1).to(x.dtype) * noise.to(x.dtype), var
+
+
+def draw_latents(n: int, cfg: GANConfig, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``n`` standard normal latents ``[n, latent_dim]``: ``z`` for all of them first, then the noise images, so that
+    a generator's ``z`` from a seed is the same with or without noise inputs."""
+    z = torch.randn(n, cfg.z_dim, generator=generator)
+    extra = cfg.latent_dim - cfg.z_dim
+    return torch.cat([z, torch.randn(n, extra, generator=generator)], dim=1) if extra else z
+
+
+def split_latent(latent: torch.Tensor, cfg: GANConfig) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``(z [N, z_dim], [noise image [N, 1, r, r] per stage from 8x8])`` from G's latent ``[N, latent_dim]``."""
+    if latent.shape[1] != cfg.latent_dim:
+        raise ValueError(f"the generator takes latents of {cfg.latent_dim} values (z_dim {cfg.z_dim}"
+                         + (" and its noise images" if cfg.noise_inputs else "") + f"), got {latent.shape[1]}")
+    z, start, noise = latent[:, :cfg.z_dim], cfg.z_dim, []
+    for r in cfg.noise_resolutions:
+        noise.append(latent[:, start:start + r * r].reshape(-1, 1, r, r))
+        start += r * r
+    return z, noise
+
+
 class Generator(nn.Module):
     """Class-conditional generator: z and a class embedding -> 4x4 features -> stages -> RGB."""
 
@@ -300,6 +345,7 @@ class Generator(nn.Module):
         # one positional map per stage from 8x8 up (stage i is 4 * 2^i pixels wide); none when off
         self.positional = nn.ModuleList(PositionalMap(cfg.positional_channels, 4 * 2**i, c, cfg)
                                         for i, c in enumerate(cfg.widths) if i and cfg.positional_channels)
+        self.noise = nn.ModuleList(NoiseInput(c, cfg) for i, c in enumerate(cfg.widths) if i and cfg.noise_inputs)
         self.to_rgb = Conv(cfg.widths[-1], 3, 1, bias=True, mp=mp, centering=False)
         self.texture_embed = (TextureEmbedding(cfg.num_textures, cfg.embed_dim, cfg.texture_gain)
                               if cfg.num_textures else None)
@@ -324,9 +370,11 @@ class Generator(nn.Module):
             return None
         return texture_of_latent(z, self.cfg.texture_prior) if textures is None else textures
 
-    def forward(self, z: torch.Tensor, class_labels: torch.Tensor, textures: torch.Tensor | None = None
+    def forward(self, latent: torch.Tensor, class_labels: torch.Tensor, textures: torch.Tensor | None = None
                 ) -> torch.Tensor:
+        """Images ``[N, 3, r, r]`` from latents ``[N, cfg.latent_dim]`` (``z``, then any noise images)."""
         cfg = self.cfg
+        z, noise = split_latent(latent, cfg)
         label = self.label_vector(class_labels)
         textures = self.texture_labels(z, textures)
         if textures is not None:
@@ -342,6 +390,8 @@ class Generator(nn.Module):
         for i, blocks in enumerate(self.stages):
             if i and self.cfg.positional_channels:
                 x, var = self.positional[i - 1](x, var)
+            if i and self.cfg.noise_inputs:
+                x, var = self.noise[i - 1](x, var, noise[i - 1])
             for block in blocks:
                 x, var = block(x, var)
             if i + 1 < len(self.stages):

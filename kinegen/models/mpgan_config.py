@@ -57,6 +57,13 @@ class GANConfig:
     # stayed the random fields they started as, and G drew the patterns out of them with a mottled layer on top
     # (benchmarks/gan.md, "Positional maps that learn").
     positional_gain: float = 1.0
+    # G only, not an MP switch: StyleGAN's noise inputs (Karras et al., CVPR 2019, Sec. 3.2) at every stage from 8x8
+    # up: one Gaussian image per stage, added to the trunk with learned per-channel weights that start at 0
+    # (:class:`~kinegen.models.mpgan.NoiseInput`). The images are part of G's latent (``latent_dim``: ``z`` first,
+    # then the noise, 8x8 first), so that a seed keeps its image. For stochastic texture that ``z`` would have to
+    # spend its few dimensions on: the shapes data's noisy backgrounds are independent blotches on an 8x8 grid.
+    # False = off (R3GAN).
+    noise_inputs: bool = False
     # D only, not an MP switch: SSD-GAN's frequency-aware classifier (Chen et al., AAAI 2021, Sec. 3.3), a linear
     # classifier on the image's reduced spectrum added to D's logit with this weight (:func:`reduced_spectrum`,
     # :meth:`Discriminator.spectral_logit`). D's downsampling blurs away the faint high-frequency textures of the
@@ -118,6 +125,17 @@ class GANConfig:
                     raise ValueError(f"free_transitions: a width change {a} -> {b} needs 4 x {b} to be a multiple "
                                      f"of {a} (e.g. 128 -> 64, 128 -> 96, 64 -> 64); change --widths or "
                                      "ablate free_transitions")
+
+    @property
+    def noise_resolutions(self) -> tuple[int, ...]:
+        """The side of each stage's noise image (``noise_inputs``), 8x8 up; empty when off."""
+        stages = int(math.log2(self.resolution)) - 1
+        return tuple(4 * 2**i for i in range(1, stages)) if self.noise_inputs else ()
+
+    @property
+    def latent_dim(self) -> int:
+        """G's latent: ``z_dim`` and, with ``noise_inputs``, one value per pixel of every stage's noise image."""
+        return self.z_dim + sum(r * r for r in self.noise_resolutions)
 
     @classmethod
     def baseline(cls, **kw) -> GANConfig:

@@ -35,7 +35,8 @@ class MPGANGenerator(ModelMixin, ConfigMixin):
                  weight_norm: bool = _NET.weight_norm, centering: bool = _NET.centering, mp_lrelu: bool = _NET.mp_lrelu,
                  mp_residual: bool = _NET.mp_residual, ff_heads: bool = _NET.ff_heads, free_transitions: bool = False,
                  linear_extraction: bool = False, shared_class_init: bool = False,
-                 positional_channels: int = 0, positional_gain: float = 1.0, num_textures: int = 0,
+                 positional_channels: int = 0, positional_gain: float = 1.0, noise_inputs: bool = False,
+                 num_textures: int = 0,
                  texture_prior: tuple = (),
                  texture_gain: float = _NET.texture_gain,
                  class_names: list | None = None, texture_names: list | None = None):
@@ -171,6 +172,9 @@ class MPGANPipeline(DiffusionPipeline):
             gens = [torch.Generator().manual_seed(s) for s in seeds]
         zs = torch.stack([truncated_normal((z_dim,), g) * truncation if truncation < 1 else
                           torch.randn(z_dim, generator=g) for g in gens])
+        extra = self.gan.net.cfg.latent_dim - z_dim  # noise inputs' images: drawn after z, never truncated
+        if extra:
+            zs = torch.cat([zs, torch.stack([torch.randn(extra, generator=g) for g in gens])], dim=1)
         labels = torch.tensor(ids, dtype=torch.long)
         tex = None
         if textures is not None:

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from ..models.mpgan import Discriminator, Generator, renormalize_
+from ..models.mpgan import Discriminator, Generator, draw_latents, renormalize_
 from ..models.mpgan_config import MP_SWITCHES, GANConfig
 from .common import Progress, TimeBox, load_checkpoint
 from .configs import GAN_DEFAULT_LR, GANTrainConfig
@@ -66,6 +66,7 @@ def network_config(cfg: GANTrainConfig, num_classes: int) -> GANConfig:
         return GANConfig(resolution=cfg.resolution, num_classes=num_classes, widths=widths,
                          mbstd_group=cfg.mbstd_group, separate_class_head=cfg.separate_class_head,
                          positional_channels=cfg.positional_channels, positional_gain=cfg.positional_gain,
+                         noise_inputs=cfg.noise_inputs,
                          spectral_weight=cfg.spectral_weight,
                          pixel_templates=cfg.pixel_templates, template_curvature=cfg.template_curvature,
                          num_textures=len(prior), texture_prior=prior, **flags)
@@ -203,7 +204,8 @@ def ema_sigmas(cfg: GANTrainConfig) -> tuple[float, ...]:
 def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -> None:
     """Load G and D from another run's checkpoint (``--init RUN``): a fine-tune with a fresh optimiser and
     schedule. The networks must be the run's, except that G may add positional maps (``positional_channels``) or
-    change their learning-rate gain (``positional_gain``: the loaded maps are rescaled to draw the same),
+    change their learning-rate gain (``positional_gain``: the loaded maps are rescaled to draw the same), and add
+    noise inputs (``noise_inputs``),
     D the spectral classifier (``spectral_weight``) and pixel templates (``pixel_templates``), and both texture
     labels (``num_textures``), which then start as they are at initialisation (a no-op, except for the pixel
     templates: random, at a small weight)."""
@@ -222,7 +224,10 @@ def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -
         raise ConfigError(f"--init {init} has --pixel-templates {src.pixel_templates}; use the same number.")
     if src.num_textures and src.num_textures != net.num_textures:
         raise ConfigError(f"--init {init} was trained with texture labels; keep --texture-labels true.")
+    if src.noise_inputs and not net.noise_inputs:
+        raise ConfigError(f"--init {init} has noise inputs; keep --noise-inputs true.")
     if dataclasses.replace(src, positional_channels=net.positional_channels, positional_gain=net.positional_gain,
+                           noise_inputs=net.noise_inputs,
                            spectral_weight=net.spectral_weight,
                            pixel_templates=net.pixel_templates, template_curvature=net.template_curvature,
                            num_textures=net.num_textures,
@@ -231,7 +236,7 @@ def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -
         raise ConfigError(f"--init {init} is another network (it differs in {', '.join(diff)}); give the same "
                           "--variant, --widths and switches as that run (only --positional-channels, --spectral-weight "
                           "and --pixel-templates may be added, --positional-gain and --template-curvature set, and "
-                          "--texture-labels turned on).")
+                          "--noise-inputs and --texture-labels turned on).")
     missing_d, unexpected_d = d.load_state_dict(load_file(str(ckpt / "discriminator.safetensors")), strict=False)
     new_d = ("spectral.weight", "texture_embed.weight", "templates.templates", "templates.weight",
              "templates.texture_weight")
@@ -242,12 +247,13 @@ def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -
     for k in [k for k in g_state if k.startswith("positional.") and k.endswith(".map")]:
         g_state[k] = g_state[k] * (src.positional_gain / net.positional_gain)  # the same P under the new gain
     missing, unexpected = g.load_state_dict(g_state, strict=False)
-    if unexpected or any(not k.startswith("positional.") and k != "texture_embed.weight" for k in missing):
+    if unexpected or any(not k.startswith(("positional.", "noise.")) and k != "texture_embed.weight" for k in missing):
         raise ConfigError(f"--init {init}: its generator's weights do not fit (missing {missing}, unexpected "
                           f"{unexpected}).")
     step = json.loads((ckpt / "state.json").read_text())["step"] if (ckpt / "state.json").is_file() else "?"
     positional = [k for k in missing if k.startswith("positional.")]
     new = ([f"{len(positional)} positional tensors"] * bool(positional)
+           + ["the noise inputs"] * any(k.startswith("noise.") for k in missing)
            + ["the spectral classifier"] * ("spectral.weight" in missing_d)
            + ["the pixel templates (random)"] * ("templates.weight" in missing_d)
            + ["the texture labels"] * ("texture_embed.weight" in missing_d))
@@ -269,7 +275,7 @@ def train_gan(run_dir: str | Path, cfg: GANTrainConfig) -> Path:
     sigmas = ema_sigmas(cfg)
     if cfg.eval_every < 0:
         raise ConfigError(f"--eval-every is a number of steps (0 = off); got {cfg.eval_every}.")
-    evaluator = TrainingEval(run_dir, cfg, data, sigmas, net.z_dim) if cfg.eval_every else None
+    evaluator = TrainingEval(run_dir, cfg, data, sigmas, net) if cfg.eval_every else None
     meta_path = run_dir / "run.json"
     # fields added since the run began take their defaults, as when the run was made
     if meta_path.is_file() and load_run_config(run_dir) != net:
@@ -328,19 +334,19 @@ def train_gan(run_dir: str | Path, cfg: GANTrainConfig) -> Path:
                 group["lr"], group["betas"] = lr, (0.0, beta2)
         # D step
         with torch.no_grad():
-            fake = g(torch.randn(cfg.batch_size, net.z_dim, generator=gen), labels, textures)
+            fake = g(draw_latents(cfg.batch_size, net, gen), labels, textures)
         loss_d, stats = discriminator_loss(d, real, fake, labels, gamma, cfg.class_weight, textures)
         opt_d.zero_grad(set_to_none=True)
         loss_d.backward()
         opt_d.step()
         renormalize_(d)
         # G step
-        z = torch.randn(cfg.batch_size, net.z_dim, generator=gen)
+        z = draw_latents(cfg.batch_size, net, gen)
         fake = g(z, labels, textures)
         d.requires_grad_(False)  # the backward then skips D's weight gradients (about a tenth of a step)
         loss_g, gstats = generator_loss(d, real, fake, labels, cfg.class_weight * cfg.g_class_share, textures)
         if cfg.diversity_weight:
-            z2 = torch.randn(cfg.batch_size, net.z_dim, generator=gen)
+            z2 = draw_latents(cfg.batch_size, net, gen)
             div = diversity_term(fake, g(z2, labels, textures), z, z2, cfg.diversity_bound)
             loss_g = loss_g - cfg.diversity_weight * div
             gstats["g_div"] = float(div.detach())
@@ -420,14 +426,14 @@ class GeneratorEval:
     :func:`~kinegen.evaluation.gan_metrics.evaluate_images`' whole dict.
     """
 
-    def __init__(self, n_images: int, resolution: int, z_dim: int):
+    def __init__(self, n_images: int, resolution: int, net: GANConfig):
         from ..evaluation.gan_metrics import load_classifier, reference_images
 
         if n_images < 24:
             raise ConfigError(f"an evaluation needs at least 24 images (two per class); got {n_images}.")
         self.classifier = load_classifier()
         self.real, self.labels = reference_images(n_images, resolution)
-        self.z = torch.randn(n_images, z_dim, generator=torch.Generator().manual_seed(7))
+        self.z = draw_latents(n_images, net, torch.Generator().manual_seed(7))
 
     @torch.no_grad()
     def __call__(self, g) -> dict:
@@ -447,14 +453,14 @@ class TrainingEval:
     the curves over training.
     """
 
-    def __init__(self, run_dir: Path, cfg: GANTrainConfig, data, sigmas, z_dim: int, target_sigma: float = 0.08):
+    def __init__(self, run_dir: Path, cfg: GANTrainConfig, data, sigmas, net: GANConfig, target_sigma: float = 0.08):
         if not isinstance(data, ShapesData):
             raise ConfigError("--eval-every measures with the shapes evaluation classifier, so it needs --data shapes; "
                               "set --eval-every 0 for image-folder data.")
         self.path = run_dir / "eval.jsonl"
         self.ema_index = min(range(len(sigmas)), key=lambda i: abs(sigmas[i] - target_sigma))
         self.sigma = sigmas[self.ema_index]
-        self.measure = GeneratorEval(cfg.eval_images, cfg.resolution, z_dim)
+        self.measure = GeneratorEval(cfg.eval_images, cfg.resolution, net)
 
     def __call__(self, g, step: int) -> dict:
         m = self.measure(g)
