@@ -834,6 +834,13 @@ def test_gan_training_starts_from_another_runs_networks_and_may_add_positional_m
         torch.testing.assert_close(mf.encoding(), mb.encoding(), rtol=1e-5, atol=1e-5)
         assert float(mf.map.abs().mean()) < float(mb.map.abs().mean()) / 40  # stored at 1/50 the scale
     assert len(pf.noise) == 2 and all(float(m.weight.abs().max()) < 1e-6 for m in pf.noise)  # added, at 0
+    train_gan(tmp_path / "g", _tiny_train(variant="r3gan", noise_inputs=True, noise_weight_init=0.5, steps=1,
+                                          lr=1e-12))
+    gg = load_file(str(tmp_path / "g" / "checkpoint" / "generator.safetensors"))
+    noise_w = [v for k, v in gg.items() if k.startswith("noise.")]
+    assert len(noise_w) == 2 and all(torch.allclose(10 * w, torch.full_like(w, 0.5)) for w in noise_w)  # gain x stored
+    with pytest.raises(ConfigError, match="--noise-inputs true"):
+        train_gan(tmp_path / "h", _tiny_train(variant="r3gan", noise_weight_init=0.5))
     pipe_f = MPGANPipeline.from_pretrained(out_f)
     a, b = (pipe_f(class_labels=[0, 1], seeds=[3, 4], output_type="pt").images for _ in range(2))
     torch.testing.assert_close(a, b)  # a seed keeps its image: the noise images come from the seed too

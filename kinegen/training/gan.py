@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from ..models.mpgan import Discriminator, Generator, draw_latents, renormalize_
+from ..models.mpgan import NOISE_GAIN, Discriminator, Generator, draw_latents, renormalize_
 from ..models.mpgan_config import MP_SWITCHES, GANConfig
 from .common import Progress, TimeBox, load_checkpoint
 from .configs import GAN_DEFAULT_LR, GANTrainConfig
@@ -53,6 +53,8 @@ def network_config(cfg: GANTrainConfig, num_classes: int) -> GANConfig:
         if name not in MP_SWITCHES:
             raise ConfigError(f"ablate: unknown switch {name!r}; valid: {', '.join(MP_SWITCHES)}.")
         flags[name] = False
+    if cfg.noise_weight_init and not cfg.noise_inputs:
+        raise ConfigError("--noise-weight-init sets the noise inputs' weights: set --noise-inputs true too.")
     if cfg.separate_class_head and not cfg.class_weight:
         raise ConfigError("--separate-class-head is the label-matching term's classifier: set --class-weight too.")
     if cfg.mbstd_group and cfg.batch_size % cfg.mbstd_group:
@@ -285,6 +287,9 @@ def train_gan(run_dir: str | Path, cfg: GANTrainConfig) -> Path:
     if g.out_gain is not None:
         with torch.no_grad():
             g.out_gain.fill_(cfg.out_gain_init)
+    with torch.no_grad():  # new noise inputs (an --init run's own, and a resumed run's, are loaded over this)
+        for m in g.noise:
+            m.weight.fill_(cfg.noise_weight_init / NOISE_GAIN)
     if cfg.init and not (run_dir / "checkpoint" / "state.json").is_file():  # a resumed run keeps its own state
         start_from_run(Path(cfg.init), net, g, d)
     run_dir.mkdir(parents=True, exist_ok=True)  # after the settings are known to be good: no empty run folders
