@@ -276,15 +276,17 @@ class PositionalMap(nn.Module):
 
 
 
-# The noise weights are stored divided by this gain (an equalised learning rate, as for TextureEmbedding): from 0 at a
-# fine-tune's lr of 2e-4, Adam then takes them to order 1 in hundreds of steps rather than thousands.
+# The noise weights are stored divided by this gain (an equalised learning rate, as for TextureEmbedding): at a
+# fine-tune's lr of 2e-4 Adam can take them to order 1 in hundreds of steps where their gradient has a sign. At
+# exactly 0 it has none on average (the noise then does not reach D's score), hence ``--noise-weight-init``.
 NOISE_GAIN = 10.0
 
 
 class NoiseInput(nn.Module):
     """StyleGAN's noise input (Karras et al., CVPR 2019, Sec. 3.2): a one-channel Gaussian image ``n [N, 1, r, r]``
     broadcast to every channel with a learned per-channel weight, ``x + w n``. ``w`` starts at 0, so a generator
-    fine-tuned with noise inputs starts as the one it was. MP form: ``w = tanh(v)`` as in :class:`PositionalMap`,
+    fine-tuned with noise inputs starts as the one it was (``kinegen train gan --noise-weight-init`` starts new ones
+    elsewhere). MP form: ``w = tanh(v)`` as in :class:`PositionalMap`,
     the trunk's variance then grows by ``w^2`` (the noise is independent of the features)."""
 
     def __init__(self, width: int, cfg: GANConfig):
