@@ -203,7 +203,68 @@ def test_noise_inputs_start_as_a_no_op_then_vary_the_image_with_the_latents_nois
         g(z, c)
 
 
-def test_reduced_spectrum_puts_a_flat_image_at_dc_and_a_checkerboard_at_its_ring():
+@pytest.mark.parametrize("mp", [True, False])
+def test_noise_per_texture_gives_each_texture_label_its_own_noise_weights(mp):
+    from kinegen.models.mpgan import draw_latents, split_latent
+
+    make = GANConfig if mp else GANConfig.baseline
+    tex = dict(num_textures=4, texture_prior=(0.55, 0.15, 0.15, 0.15))
+    cfg = make(**SMALL, **tex, noise_inputs=True, noise_per_texture=True)
+    torch.manual_seed(0)
+    g = Generator(cfg)
+    assert g.noise[0].weight.shape == (4, 64)
+    latent = draw_latents(4, cfg, torch.Generator().manual_seed(0))
+    z, _ = split_latent(latent, cfg)
+    other = torch.cat([z, torch.randn(4, cfg.latent_dim - cfg.z_dim)], dim=1)  # same z, other noise images
+    c = torch.tensor([0, 1, 2, 3])
+    with torch.no_grad():
+        for m in g.noise:
+            m.weight[3].fill_(0.05)  # only the last texture label (the shapes data's "noisy") draws noise
+        for t, varies in ((0, False), (3, True)):
+            textures = torch.full((4,), t)
+            change = (g(other, c, textures) - g(latent, c, textures)).abs().max()
+            assert (change > 1e-2) if varies else (change < 1e-6)
+    # the gradient reaches only the rows of the labels in the batch
+    g(latent, c, torch.tensor([3, 3, 1, 1])).square().mean().backward()
+    grad = g.noise[0].weight.grad.abs().sum(1)
+    assert grad[0] == 0 and grad[2] == 0 and grad[1] > 0 and grad[3] > 0
+    with pytest.raises(ValueError, match="noise_per_texture"):
+        make(**SMALL, noise_inputs=True, noise_per_texture=True)
+    with pytest.raises(ValueError, match="noise_per_texture"):
+        make(**SMALL, **tex, noise_per_texture=True)
+
+
+@pytest.mark.parametrize("mp", [True, False])
+def test_texture_labels_at_g_stages_scale_the_positional_maps_and_leave_the_input_alone(mp):
+    make = GANConfig if mp else GANConfig.baseline
+    tex = dict(num_textures=4, texture_prior=(0.55, 0.15, 0.15, 0.15), positional_channels=4)
+    torch.manual_seed(0)
+    g = Generator(make(**SMALL, **tex, g_texture_conditioning="stages"))
+    assert g.texture_embed is None and g.positional[0].texture_scale.shape == (4, 64)
+    with torch.no_grad():
+        for m in g.positional:  # make the maps' contribution visible (R3GAN form: W starts at 0)
+            m.proj.weight.normal_()
+            if m.gain_logit is not None:
+                m.gain_logit.fill_(1.0)
+    z, c = torch.randn(3, g.cfg.latent_dim), torch.tensor([0, 1, 2])
+    drawn = {t: g(z, c, torch.full((3,), t)) for t in range(4)}
+    torch.testing.assert_close(drawn[0], drawn[3])  # every scale at 1: the label changes nothing yet
+    with torch.no_grad():
+        for m in g.positional:
+            m.texture_scale[1].fill_(-0.1)  # s = 1 - 10 x 0.1 = 0: label 1 draws without the maps
+        before = {t: g(z, c, torch.full((3,), t)) for t in (0, 1)}
+        for m in g.positional:
+            m.proj.weight.normal_()  # other maps
+        torch.testing.assert_close(g(z, c, torch.full((3,), 1)), before[1])
+        assert (g(z, c, torch.full((3,), 0)) - before[0]).abs().max() > 1e-2
+    g(z, c, torch.tensor([2, 2, 2])).square().mean().backward()
+    grad = g.positional[0].texture_scale.grad.abs().sum(1)
+    assert grad[2] > 0 and grad[0] == 0 and grad[1] == 0 and grad[3] == 0
+    with pytest.raises(ValueError, match="g_texture_conditioning"):
+        make(**SMALL, positional_channels=4, g_texture_conditioning="stages")  # no texture labels
+    with pytest.raises(ValueError, match="g_texture_conditioning must be one of input, stages"):
+        make(**SMALL, **tex, g_texture_conditioning="everywhere")
+
     from kinegen.models.mpgan import SPECTRUM_EPS, reduced_spectrum
 
     flat = torch.full((2, 3, 32, 32), 0.3)
@@ -425,6 +486,30 @@ def test_gan_training_with_texture_labels_from_an_earlier_run(tmp_path):
         train_gan(tmp_path / "c", _tiny_train(variant="r3gan", init=str(tmp_path / "b")))
     with pytest.raises(ConfigError, match="shapes data"):
         train_gan(tmp_path / "d", _tiny_train(variant="r3gan", texture_labels=True, data=f"imagefolder:{tmp_path}"))
+    # noise inputs with a weight row per texture label: saved, exported and drawn per label; kept by a fine-tune
+    noisy = dict(variant="r3gan", texture_labels=True, noise_inputs=True)
+    out_n = train_gan(tmp_path / "n", _tiny_train(**noisy, noise_per_texture=True, noise_weight_init=0.5, steps=1,
+                                                  init=str(tmp_path / "b")))
+    pipe_n = MPGANPipeline.from_pretrained(out_n)
+    assert all(m.weight.shape == (4, m.weight.shape[1]) for m in pipe_n.gan.net.noise)
+    a, b = (pipe_n(class_labels=[0, 1], seeds=[3, 4], textures="noisy", output_type="pt").images for _ in range(2))
+    torch.testing.assert_close(a, b)
+    with pytest.raises(ConfigError, match="keep --noise-per-texture true"):
+        train_gan(tmp_path / "e", _tiny_train(**noisy, init=str(tmp_path / "n")))
+    with pytest.raises(ConfigError, match="--texture-labels true too"):
+        train_gan(tmp_path / "e", _tiny_train(variant="r3gan", noise_inputs=True, noise_per_texture=True))
+    # the texture label moved from G's input to its stages: G's texture vectors are dropped, its maps get scales
+    staged = dict(variant="r3gan", texture_labels=True, positional_channels=4, g_texture_conditioning="stages")
+    out_s = train_gan(tmp_path / "s", _tiny_train(**staged, positional_gain=1.0, init=str(tmp_path / "b"), steps=1))
+    gs = load_file(str(tmp_path / "s" / "checkpoint" / "generator.safetensors"))
+    assert "texture_embed.weight" not in gs and gs["positional.0.texture_scale"].shape[0] == 4
+    assert MPGANPipeline.from_pretrained(out_s)(class_labels=[0], seeds=[3], textures="striped",
+                                                output_type="pt").images.shape == (1, 3, 16, 16)
+    with pytest.raises(ConfigError, match="keep --g-texture-conditioning stages"):
+        train_gan(tmp_path / "e", _tiny_train(variant="r3gan", texture_labels=True, positional_channels=4,
+                                              init=str(tmp_path / "s")))
+    with pytest.raises(ConfigError, match="--positional-channels too"):
+        train_gan(tmp_path / "e", _tiny_train(variant="r3gan", texture_labels=True, g_texture_conditioning="stages"))
 
 
 def test_bad_configs_are_refused():

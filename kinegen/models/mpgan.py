@@ -179,16 +179,20 @@ class ResidualBlock(nn.Module):
         if self.alpha_logit is None:
             return x + self.branch(x), var
         alpha = torch.tanh(self.alpha_logit)
-        y = x + alpha.view(1, -1, 1, 1) * self.branch(x / math.sqrt(var) if isinstance(var, float) else
-                                                    x / var.sqrt().view(1, -1, 1, 1))
+        y = x + alpha.view(1, -1, 1, 1) * self.branch(_unit(x, var))
         return y, var + alpha.detach() ** 2
 
 
 def _unit(x: torch.Tensor, var) -> torch.Tensor:
-    """Divide out the tracked variance (a float, or per channel)."""
+    """Divide out the tracked variance (a float, per channel ``[C]``, or per image and channel ``[N, C]``)."""
     if isinstance(var, float):
         return x / math.sqrt(var)
-    return x / var.sqrt().view(1, -1, 1, 1)
+    return x / _as_map(var.sqrt())
+
+
+def _as_map(v: torch.Tensor) -> torch.Tensor:
+    """A per-channel ``[C]`` or per-image ``[N, C]`` tensor shaped to scale feature maps ``[N, C, H, W]``."""
+    return v.view(1, -1, 1, 1) if v.dim() == 1 else v[:, :, None, None]
 
 
 def _stages(widths, cfg: GANConfig) -> tuple[nn.ModuleList, nn.ModuleList]:
@@ -254,6 +258,9 @@ class PositionalMap(nn.Module):
     near the borders, through the zero padding; a pattern fixed to the pixel grid needs ``P``. It starts as a
     no-op: R3GAN form ``W = 0`` (``g = 1``); MP form, whose normalised ``W`` cannot be 0, a per-channel
     ``g = tanh(v)`` with ``v = 0``, the trunk's variance then tracked as in :class:`ResidualBlock`.
+
+    With ``GANConfig.g_texture_conditioning == "stages"`` each image's texture label ``t`` scales ``W P`` per
+    channel by ``s_t = 1 + TEXTURE_SCALE_GAIN * u_t`` (``u`` stored, 0 at the start: every label draws what it did).
     """
 
     def __init__(self, channels: int, resolution: int, width: int, cfg: GANConfig):
@@ -262,18 +269,39 @@ class PositionalMap(nn.Module):
         self.map = nn.Parameter(torch.randn(channels, resolution, resolution) / self.lr_gain)
         self.proj = Conv(channels, width, 1, mp=cfg.weight_norm, centering=cfg.centering, zero_init=True)
         self.gain_logit = nn.Parameter(torch.zeros(width)) if cfg.weight_norm else None
+        by_texture = cfg.g_texture_conditioning == "stages"
+        self.texture_scale = nn.Parameter(torch.zeros(cfg.num_textures, width)) if by_texture else None
 
     def encoding(self) -> torch.Tensor:
         """``P [C, r, r]``: the stored map times its learning-rate gain (unit scale at initialisation)."""
         return self.map * self.lr_gain
 
-    def forward(self, x: torch.Tensor, var: float | torch.Tensor) -> tuple[torch.Tensor, float | torch.Tensor]:
-        p = self.proj(self.encoding()[None].to(x.dtype))
-        if self.gain_logit is None:
-            return x + p, var
-        gain = torch.tanh(self.gain_logit)
-        return x + gain.view(1, -1, 1, 1) * p, var + gain.detach() ** 2
+    def gains(self, textures: torch.Tensor | None) -> torch.Tensor | None:
+        """The per-channel factor on ``W P``: ``[1, C]``, ``[N, C]`` per texture label, or None (1)."""
+        gain = None if self.gain_logit is None else torch.tanh(self.gain_logit)[None]
+        if self.texture_scale is None:
+            return gain
+        if textures is None:
+            raise ValueError("these positional maps are scaled per texture label: give the textures.")
+        s = 1 + TEXTURE_SCALE_GAIN * self.texture_scale[textures]
+        return s if gain is None else gain * s
 
+    def forward(self, x: torch.Tensor, var: float | torch.Tensor, textures: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, float | torch.Tensor]:
+        p = self.proj(self.encoding()[None].to(x.dtype))
+        gain = self.gains(textures)
+        if gain is None:
+            return x + p, var
+        x = x + gain[:, :, None, None].to(x.dtype) * p
+        if self.gain_logit is None:
+            return x, var
+        extra = gain.detach() ** 2
+        return x, var + (extra if self.texture_scale is not None else extra[0])
+
+
+# The per-texture scales of the positional maps are stored as ``u`` in ``s = 1 + gain * u`` (an equalised learning
+# rate as for TextureEmbedding): at a fine-tune's lr of 2e-4 a scale can reach 0 or 2 within 500 steps.
+TEXTURE_SCALE_GAIN = 10.0
 
 
 # The noise weights are stored divided by this gain (an equalised learning rate, as for TextureEmbedding): at a
@@ -286,21 +314,34 @@ class NoiseInput(nn.Module):
     """StyleGAN's noise input (Karras et al., CVPR 2019, Sec. 3.2): a one-channel Gaussian image ``n [N, 1, r, r]``
     broadcast to every channel with a learned per-channel weight, ``x + w n``. ``w`` starts at 0, so a generator
     fine-tuned with noise inputs starts as the one it was (``kinegen train gan --noise-weight-init`` starts new ones
-    elsewhere). MP form: ``w = tanh(v)`` as in :class:`PositionalMap`,
-    the trunk's variance then grows by ``w^2`` (the noise is independent of the features)."""
+    elsewhere). With ``GANConfig.noise_per_texture`` there is one row of weights per texture label and each image
+    takes its label's row (ours). MP form: ``w = tanh(v)`` as in :class:`PositionalMap`, the trunk's variance then
+    grows by ``w^2`` (the noise is independent of the features): per image where the rows differ."""
 
     def __init__(self, width: int, cfg: GANConfig):
         super().__init__()
         self.mp = cfg.weight_norm
-        self.weight = nn.Parameter(torch.zeros(width))
+        self.per_texture = cfg.noise_per_texture
+        self.weight = nn.Parameter(torch.zeros(cfg.num_textures, width) if self.per_texture else torch.zeros(width))
 
-    def forward(self, x: torch.Tensor, var: float | torch.Tensor, noise: torch.Tensor
-                ) -> tuple[torch.Tensor, float | torch.Tensor]:
+    def weights(self, textures: torch.Tensor | None) -> torch.Tensor:
+        """``w``: ``[1, C]`` with one row, else ``[N, C]``, each image's texture label's row."""
         w = NOISE_GAIN * self.weight
+        if not self.per_texture:
+            w = w[None]
+        elif textures is None:
+            raise ValueError("these noise inputs have a weight row per texture label: give the textures.")
+        else:
+            w = w[textures]
+        return torch.tanh(w) if self.mp else w
+
+    def forward(self, x: torch.Tensor, var: float | torch.Tensor, noise: torch.Tensor,
+                textures: torch.Tensor | None = None) -> tuple[torch.Tensor, float | torch.Tensor]:
+        w = self.weights(textures)
         if self.mp:
-            w = torch.tanh(w)
-            var = var + w.detach() ** 2
-        return x + w.view(1, -1, 1, 1).to(x.dtype) * noise.to(x.dtype), var
+            extra = w.detach() ** 2
+            var = var + (extra if self.per_texture else extra[0])
+        return x + w[:, :, None, None].to(x.dtype) * noise.to(x.dtype), var
 
 
 def draw_latents(n: int, cfg: GANConfig, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -350,7 +391,7 @@ class Generator(nn.Module):
         self.noise = nn.ModuleList(NoiseInput(c, cfg) for i, c in enumerate(cfg.widths) if i and cfg.noise_inputs)
         self.to_rgb = Conv(cfg.widths[-1], 3, 1, bias=True, mp=mp, centering=False)
         self.texture_embed = (TextureEmbedding(cfg.num_textures, cfg.embed_dim, cfg.texture_gain)
-                              if cfg.num_textures else None)
+                              if cfg.num_textures and cfg.g_texture_conditioning == "input" else None)
         # A learned output gain, initialised to 1 as in R3GAN's successor. (EDM2's denoiser starts its
         # output gain at 0; here that gain was still +-0.05 after 1,000 steps and G had grown its last
         # features ~11x instead: docs/gan.md.)
@@ -366,7 +407,7 @@ class Generator(nn.Module):
     def texture_labels(self, z: torch.Tensor, textures: torch.Tensor | None) -> torch.Tensor | None:
         """The textures to draw: the given ones, else each latent's own (:func:`texture_of_latent`); None
         without texture labels."""
-        if self.texture_embed is None:
+        if not self.cfg.num_textures:
             if textures is not None:
                 raise ValueError("this generator has no texture labels (num_textures=0); leave textures out.")
             return None
@@ -379,7 +420,7 @@ class Generator(nn.Module):
         z, noise = split_latent(latent, cfg)
         label = self.label_vector(class_labels)
         textures = self.texture_labels(z, textures)
-        if textures is not None:
+        if self.texture_embed is not None:
             label = label + self.texture_embed(textures).to(label.dtype)
         cond = torch.cat([z, label], dim=1)
         if cfg.ff_heads:
@@ -391,9 +432,9 @@ class Generator(nn.Module):
         var: float | torch.Tensor = 1.0
         for i, blocks in enumerate(self.stages):
             if i and self.cfg.positional_channels:
-                x, var = self.positional[i - 1](x, var)
+                x, var = self.positional[i - 1](x, var, textures)
             if i and self.cfg.noise_inputs:
-                x, var = self.noise[i - 1](x, var, noise[i - 1])
+                x, var = self.noise[i - 1](x, var, noise[i - 1], textures)
             for block in blocks:
                 x, var = block(x, var)
             if i + 1 < len(self.stages):

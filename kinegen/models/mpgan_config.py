@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+G_TEXTURE_CONDITIONING = ("input", "stages")  # GANConfig.g_texture_conditioning
 # GANConfig's fields that only the discriminator reads: a saved generator does not keep them.
 D_ONLY_FIELDS = ("mbstd_group", "separate_class_head", "spectral_weight", "pixel_templates", "template_curvature")
 
@@ -64,6 +65,17 @@ class GANConfig:
     # spend its few dimensions on: the shapes data's noisy backgrounds are independent blotches on an 8x8 grid.
     # False = off (R3GAN).
     noise_inputs: bool = False
+    # G only: the noise inputs' weights per background-texture label (``num_textures`` rows, ours; StyleGAN has one
+    # row). With one row the plain label, 55% of the shapes data and noise-free, pulls the shared weights to 0 although
+    # D asks for the noise under the noisy label (benchmarks/gan.md, "Noise weights per texture"). False = one row.
+    noise_per_texture: bool = False
+    # G only: where G takes the texture label (``num_textures``). "input": a vector added to the class vector at G's
+    # input (:class:`~kinegen.models.mpgan.TextureEmbedding`), the runs until 2026-12-06; the same z then draws
+    # another background colour under each label, and the pattern labels lost black and navy (benchmarks/gan.md,
+    # "Texture labels at every stage"). "stages": no input vector; the label scales each stage's positional map per
+    # channel (:class:`~kinegen.models.mpgan.PositionalMap`, one gain row per label; BigGAN's conditioning at every
+    # block, Brock et al., ICLR 2019, Sec. 3, reduced to the layers that draw textures), so z alone picks the colour.
+    g_texture_conditioning: str = "input"
     # D only, not an MP switch: SSD-GAN's frequency-aware classifier (Chen et al., AAAI 2021, Sec. 3.3), a linear
     # classifier on the image's reduced spectrum added to D's logit with this weight (:func:`reduced_spectrum`,
     # :meth:`Discriminator.spectral_logit`). D's downsampling blurs away the faint high-frequency textures of the
@@ -113,6 +125,15 @@ class GANConfig:
         if self.num_textures < 0 or len(self.texture_prior) != self.num_textures:
             raise ValueError(f"texture_prior needs one share per texture (num_textures={self.num_textures}); "
                              f"got {self.texture_prior}")
+        if self.noise_per_texture and not (self.noise_inputs and self.num_textures):
+            raise ValueError("noise_per_texture gives the noise inputs one weight row per texture label: it needs "
+                             "noise_inputs and texture labels (num_textures > 0)")
+        if self.g_texture_conditioning not in G_TEXTURE_CONDITIONING:
+            raise ValueError(f"g_texture_conditioning must be one of {', '.join(G_TEXTURE_CONDITIONING)}; got "
+                             f"{self.g_texture_conditioning!r}")
+        if self.g_texture_conditioning == "stages" and not (self.num_textures and self.positional_channels):
+            raise ValueError("g_texture_conditioning 'stages' scales the positional maps per texture label: it needs "
+                             "texture labels (num_textures > 0) and positional_channels > 0")
         if not self.texture_gain > 0:
             raise ValueError(f"texture_gain must be above 0; got {self.texture_gain}")
         if self.num_textures and (min(self.texture_prior) <= 0 or abs(sum(self.texture_prior) - 1) > 1e-4):

@@ -31,7 +31,7 @@ import torch
 
 from ..errors import ConfigError
 from ..models.mpgan import NOISE_GAIN, Discriminator, Generator, draw_latents, renormalize_
-from ..models.mpgan_config import MP_SWITCHES, GANConfig
+from ..models.mpgan_config import G_TEXTURE_CONDITIONING, MP_SWITCHES, GANConfig
 from .common import Progress, TimeBox, load_checkpoint
 from .configs import GAN_DEFAULT_LR, GANTrainConfig
 from .gan_loss import SPECTRUM_SPACES, discriminator_loss, diversity_term, generator_loss, spectrum_term
@@ -53,8 +53,17 @@ def network_config(cfg: GANTrainConfig, num_classes: int) -> GANConfig:
         if name not in MP_SWITCHES:
             raise ConfigError(f"ablate: unknown switch {name!r}; valid: {', '.join(MP_SWITCHES)}.")
         flags[name] = False
+    if cfg.g_texture_conditioning not in G_TEXTURE_CONDITIONING:
+        raise ConfigError(f"--g-texture-conditioning must be one of {', '.join(G_TEXTURE_CONDITIONING)}; got "
+                          f"{cfg.g_texture_conditioning!r}.")
+    if cfg.g_texture_conditioning == "stages" and not (cfg.texture_labels and cfg.positional_channels):
+        raise ConfigError("--g-texture-conditioning stages scales G's positional maps per texture label: set "
+                          "--texture-labels true and --positional-channels too.")
     if cfg.noise_weight_init and not cfg.noise_inputs:
         raise ConfigError("--noise-weight-init sets the noise inputs' weights: set --noise-inputs true too.")
+    if cfg.noise_per_texture and not (cfg.noise_inputs and cfg.texture_labels):
+        raise ConfigError("--noise-per-texture gives the noise inputs a weight row per texture label: set "
+                          "--noise-inputs true and --texture-labels true too.")
     if cfg.separate_class_head and not cfg.class_weight:
         raise ConfigError("--separate-class-head is the label-matching term's classifier: set --class-weight too.")
     if cfg.mbstd_group and cfg.batch_size % cfg.mbstd_group:
@@ -68,7 +77,8 @@ def network_config(cfg: GANTrainConfig, num_classes: int) -> GANConfig:
         return GANConfig(resolution=cfg.resolution, num_classes=num_classes, widths=widths,
                          mbstd_group=cfg.mbstd_group, separate_class_head=cfg.separate_class_head,
                          positional_channels=cfg.positional_channels, positional_gain=cfg.positional_gain,
-                         noise_inputs=cfg.noise_inputs,
+                         noise_inputs=cfg.noise_inputs, noise_per_texture=cfg.noise_per_texture,
+                         g_texture_conditioning=cfg.g_texture_conditioning,
                          spectral_weight=cfg.spectral_weight,
                          pixel_templates=cfg.pixel_templates, template_curvature=cfg.template_curvature,
                          num_textures=len(prior), texture_prior=prior, **flags)
@@ -206,8 +216,9 @@ def ema_sigmas(cfg: GANTrainConfig) -> tuple[float, ...]:
 def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -> None:
     """Load G and D from another run's checkpoint (``--init RUN``): a fine-tune with a fresh optimiser and
     schedule. The networks must be the run's, except that G may add positional maps (``positional_channels``) or
-    change their learning-rate gain (``positional_gain``: the loaded maps are rescaled to draw the same), and add
-    noise inputs (``noise_inputs``),
+    change their learning-rate gain (``positional_gain``: the loaded maps are rescaled to draw the same), add
+    noise inputs (``noise_inputs``, ``noise_per_texture``), and move the texture label from G's input to its stages
+    (``g_texture_conditioning``: G's texture vectors are dropped),
     D the spectral classifier (``spectral_weight``) and pixel templates (``pixel_templates``), and both texture
     labels (``num_textures``), which then start as they are at initialisation (a no-op, except for the pixel
     templates: random, at a small weight)."""
@@ -228,8 +239,15 @@ def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -
         raise ConfigError(f"--init {init} was trained with texture labels; keep --texture-labels true.")
     if src.noise_inputs and not net.noise_inputs:
         raise ConfigError(f"--init {init} has noise inputs; keep --noise-inputs true.")
+    if src.g_texture_conditioning == "stages" and net.g_texture_conditioning != "stages":
+        raise ConfigError(f"--init {init} takes the texture label at G's stages; keep --g-texture-conditioning stages.")
+    if src.noise_inputs and src.noise_per_texture != net.noise_per_texture:
+        rows = "a weight row per texture label" if src.noise_per_texture else "one weight row"
+        raise ConfigError(f"--init {init} has noise inputs with {rows}; keep --noise-per-texture "
+                          f"{str(src.noise_per_texture).lower()}.")
     if dataclasses.replace(src, positional_channels=net.positional_channels, positional_gain=net.positional_gain,
-                           noise_inputs=net.noise_inputs,
+                           noise_inputs=net.noise_inputs, noise_per_texture=net.noise_per_texture,
+                           g_texture_conditioning=net.g_texture_conditioning,
                            spectral_weight=net.spectral_weight,
                            pixel_templates=net.pixel_templates, template_curvature=net.template_curvature,
                            num_textures=net.num_textures,
@@ -237,8 +255,9 @@ def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -
         diff = [f.name for f in dataclasses.fields(net) if getattr(src, f.name) != getattr(net, f.name)]
         raise ConfigError(f"--init {init} is another network (it differs in {', '.join(diff)}); give the same "
                           "--variant, --widths and switches as that run (only --positional-channels, --spectral-weight "
-                          "and --pixel-templates may be added, --positional-gain and --template-curvature set, and "
-                          "--noise-inputs and --texture-labels turned on).")
+                          "and --pixel-templates may be added, --positional-gain and --template-curvature set, "
+                          "--noise-inputs, --noise-per-texture and --texture-labels turned on, and "
+                          "--g-texture-conditioning set to stages).")
     missing_d, unexpected_d = d.load_state_dict(load_file(str(ckpt / "discriminator.safetensors")), strict=False)
     new_d = ("spectral.weight", "texture_embed.weight", "templates.templates", "templates.weight",
              "templates.texture_weight")
@@ -246,6 +265,8 @@ def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -
         raise ConfigError(f"--init {init}: its discriminator's weights do not fit (missing {missing_d}, unexpected "
                           f"{unexpected_d}).")
     g_state = load_file(str(ckpt / "generator.safetensors"))
+    if net.g_texture_conditioning == "stages":
+        g_state.pop("texture_embed.weight", None)  # from input to stages: G's texture vectors are dropped
     for k in [k for k in g_state if k.startswith("positional.") and k.endswith(".map")]:
         g_state[k] = g_state[k] * (src.positional_gain / net.positional_gain)  # the same P under the new gain
     missing, unexpected = g.load_state_dict(g_state, strict=False)
@@ -253,12 +274,13 @@ def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -
         raise ConfigError(f"--init {init}: its generator's weights do not fit (missing {missing}, unexpected "
                           f"{unexpected}).")
     step = json.loads((ckpt / "state.json").read_text())["step"] if (ckpt / "state.json").is_file() else "?"
-    positional = [k for k in missing if k.startswith("positional.")]
+    positional = [k for k in missing if k.startswith("positional.") and not k.endswith("texture_scale")]
     new = ([f"{len(positional)} positional tensors"] * bool(positional)
            + ["the noise inputs"] * any(k.startswith("noise.") for k in missing)
            + ["the spectral classifier"] * ("spectral.weight" in missing_d)
            + ["the pixel templates (random)"] * ("templates.weight" in missing_d)
-           + ["the texture labels"] * ("texture_embed.weight" in missing_d))
+           + ["the texture labels"] * ("texture_embed.weight" in missing_d)
+           + ["the per-texture scales of the positional maps"] * any(k.endswith("texture_scale") for k in missing))
     print(f"starting from {init} (its step {step})" + (f"; {' and '.join(new)} start as initialised" if new else ""),
           flush=True)
 
