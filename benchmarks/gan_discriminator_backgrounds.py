@@ -8,7 +8,8 @@ deviation of 3-4 of 255, what the R3GAN baseline draws on every background; benc
 version (with, for a run trained with ``--spectral-weight`` or ``--pixel-templates``, the spectral classifier's or
 the templates' part of it), and how often D scores the image with each real texture above the same image with the
 faint blotch (0.5: D does not tell them apart, so its gradient does not ask G for that texture instead of the
-blotch). For a run with pixel templates, each template's sign weight ``b`` and its cosine with the
+blotch). A run trained with ``--texture-labels`` is scored once under each texture label for every version (every
+image labelled plain, then every one noisy, ...): whether D, told the texture, prefers it. For a run with pixel templates, each template's sign weight ``b`` and its cosine with the
 data's checkered and striped patterns (at the data's place, and the largest over the pattern's other phases).
 
     .venv/bin/python benchmarks/gan_discriminator_backgrounds.py runs/gan-long/r3gan-s0 runs/gan-long/mp-s0 \\
@@ -60,11 +61,22 @@ def texture_scores(run: Path, n_images: int, blotch: float) -> dict:
             spectral[name] = float(d.spectral_logit(x).mean())
         if d.templates is not None:
             templates[name] = float(d.template_logit(x).mean())
+    by_label = {}
+    if net.num_textures:  # told the texture: every version scored under each texture label in turn
+        from kinegen.data.shapes import TEXTURES
+
+        for k, label in enumerate(TEXTURES):
+            t = torch.full_like(y, k)
+            got = {name: d(torch.from_numpy(imgs).permute(0, 3, 1, 2).float() / 127.5 - 1.0, y, t).numpy()
+                   for name, imgs in images.items()}
+            by_label[label] = {"mean_score": {n: float(v.mean()) for n, v in got.items()},
+                               "above_blotch": {v: float((got[v] > got["faint blotch"]).mean()) for v in VERSIONS}}
     return {"run": str(run), "step": step, "blotch": blotch,
             "mean_score": {k: float(v.mean()) for k, v in scores.items()},
             "mean_spectral_part": spectral or None, "mean_template_part": templates or None,
             "templates": template_patterns(d) if d.templates is not None else None,
-            "above_blotch": {t: float((scores[t] > scores["faint blotch"]).mean()) for t in VERSIONS}}
+            "above_blotch": {t: float((scores[t] > scores["faint blotch"]).mean()) for t in VERSIONS},
+            "by_texture_label": by_label or None}
 
 
 def template_patterns(d) -> list[dict]:
@@ -111,6 +123,9 @@ def main() -> None:
     for run, r in zip(args.runs, results, strict=True):
         print(f"| {run.name} | {r['step']} | " + " / ".join(f"{r['mean_score'][k]:.2f}" for k in names) + " | "
               + " / ".join(f"{r['above_blotch'][t]:.2f}" for t in VERSIONS) + " |")
+        for label, got in (r["by_texture_label"] or {}).items():
+            print(f"| (every image labelled {label}) | | " + " / ".join(f"{got['mean_score'][k]:.2f}" for k in names)
+                  + " | " + " / ".join(f"{got['above_blotch'][t]:.2f}" for t in VERSIONS) + " |")
         if r["mean_spectral_part"]:
             print("| (of which the spectral classifier, `--spectral-weight`) | | "
                   + " / ".join(f"{r['mean_spectral_part'][k]:.2f}" for k in names) + " | |")

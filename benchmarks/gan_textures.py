@@ -17,6 +17,10 @@ classes balanced):
     .venv/bin/python benchmarks/gan_textures.py runs/gan-long/r3gan-s0/snapshots/0003000_0.100.safetensors \\
         assets/models/kinegen-shapes-gan [--images 600]
 
+With ``--texture`` (generators with texture labels) every image is also drawn under each given label, from the same
+latents, and a last table says how often an image keeps the background colour it has under the plain label: the
+data draw colour and texture independently, so a latent should keep its colour whatever the texture.
+
 With ``--grid PNG`` (one generator with texture labels) it also saves what the tables count: a row per texture
 label (plain, checkered, striped, noisy), the first eight classes, one latent per column (seed 1), 4x upscaled.
 
@@ -163,6 +167,7 @@ def main() -> None:
           "data's place: checkered / striped | background colour: " + " / ".join(BACKGROUNDS) + " / other |")
     print("|---|---|---|---|---|---|---|")
     print(row(f"held-out real ({args.images})", texture_probe(real)))
+    kept = []  # (generator, label, share of latents keeping their colour under plain)
     for path in args.generators:
         g = load_generator(path)
         if args.grid is not None:
@@ -171,10 +176,20 @@ def main() -> None:
             texture_grid(g, args.grid)
             print(f"saved {args.grid}", flush=True)
         print(row(str(path), texture_probe(generated_images(g, labels))), flush=True)
-        if g.cfg.num_textures:
-            for texture in args.texture or []:
+        if g.cfg.num_textures and args.texture:
+            from kinegen.evaluation.gan_backgrounds import read_base
+
+            under_plain = [read_base(img) for img in generated_images(g, labels, "plain")]
+            for texture in args.texture:
                 images = generated_images(g, labels, texture)
                 print(row(f"{path}, every image labelled {texture}", texture_probe(images)), flush=True)
+                same = np.mean([read_base(img) == c for img, c in zip(images, under_plain, strict=True)])
+                kept.append((path, texture, float(same)))
+    if kept:
+        print("\n| generator | label | images with the background colour they have under the plain label |\n"
+              "|---|---|---|")
+        for path, texture, same in kept:
+            print(f"| {path} | {texture} | {same:.0%} |")
 
 
 if __name__ == "__main__":
