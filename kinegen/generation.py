@@ -434,6 +434,7 @@ class ClassImagesResult:
     seeds: list[int]
     truncation: float
     timings: dict[str, float]
+    texture: str | None = None  # the background texture asked for (generators with texture labels); None: each seed's
 
     def grid(self, columns: int | None = None, upscale: int = 1) -> np.ndarray:
         """The images tiled; by default one column per requested class when several were asked for (the images
@@ -455,7 +456,7 @@ class ClassImagesResult:
 
 
 def generate_class_images(pipe, class_labels=None, *, num_images: int = 16, seed: int = 0,
-                          truncation: float = 1.0) -> ClassImagesResult:
+                          truncation: float = 1.0, texture: str | None = None) -> ClassImagesResult:
     """One-step images from a class-conditional GAN (:class:`kinegen.pipelines.MPGANPipeline`).
 
     Args:
@@ -464,6 +465,8 @@ def generate_class_images(pipe, class_labels=None, *, num_images: int = 16, seed
         num_images: images to generate; image ``i`` uses seed ``seed + i``, so an image depends on its
             seed and class only (not on how many are made at once).
         truncation: 1.0 = off; lower trades variety for fidelity (truncated-normal latents, scaled).
+        texture: for a generator trained with texture labels (``pipe.texture_names``, e.g. plain, checkered,
+            striped, noisy), the background texture of every image; None: each seed draws its own.
     """
     import time
 
@@ -487,9 +490,17 @@ def generate_class_images(pipe, class_labels=None, *, num_images: int = 16, seed
         raise InvalidRequestError(str(e)) from None
     ids = [ids[i % len(ids)] for i in range(num_images)]
     seeds = [int(seed) + i for i in range(num_images)]
+    if texture is not None:
+        if not pipe.texture_names:
+            raise InvalidRequestError(f"{spec.name} was trained without texture labels; leave the texture out.")
+        try:
+            texture = pipe.texture_names[pipe.get_texture_ids(texture, 1)[0]]
+        except ValueError as e:
+            raise InvalidRequestError(str(e)) from None
     t0 = time.perf_counter()
-    images = pipe(class_labels=ids, seeds=seeds, truncation=float(truncation), output_type="np").images
+    images = pipe(class_labels=ids, seeds=seeds, truncation=float(truncation), textures=texture,
+                  output_type="np").images
     total = time.perf_counter() - t0
     return ClassImagesResult(images=np.asarray(images, dtype=np.float32), class_names=[names[i] for i in ids],
-                             seeds=seeds, truncation=float(truncation),
+                             seeds=seeds, truncation=float(truncation), texture=texture,
                              timings={"generator": total, "total": total, "per_image": total / num_images})

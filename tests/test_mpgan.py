@@ -1094,11 +1094,12 @@ def test_bundled_gan_evaluation_classifier_knows_the_classes():
     assert (pred == labels).mean() >= 0.95
 
 
-def _tiny_pipeline_folder(path):
+def _tiny_pipeline_folder(path, **cfg):
     from kinegen.data.shape_images import class_names
     from kinegen.pipelines import MPGANGenerator, MPGANPipeline
 
-    gan = MPGANGenerator.from_gan_config(GANConfig(resolution=16, widths=(64, 64, 32), num_classes=12), class_names())
+    gan = MPGANGenerator.from_gan_config(GANConfig(resolution=16, widths=(64, 64, 32), num_classes=12, **cfg),
+                                         class_names())
     with torch.no_grad():
         gan.net.out_gain.fill_(1.0)
     MPGANPipeline(gan=gan).save_pretrained(path)
@@ -1132,6 +1133,31 @@ def test_generate_class_images_from_a_folder_and_its_errors(tmp_path):
         kinegen.generate_class_images(pipe, num_images=0)
     with pytest.raises(InvalidRequestError, match="class-conditional GAN"):
         kinegen.generate(pipe, "a red circle")
+    with pytest.raises(InvalidRequestError, match="trained without texture labels; leave the texture out"):
+        kinegen.generate_class_images(pipe, "blue star", texture="striped")
+
+
+def test_generate_class_images_with_a_texture(tmp_path):
+    import kinegen
+    from kinegen.errors import InvalidRequestError
+
+    tex = dict(num_textures=4, texture_prior=(0.55, 0.15, 0.15, 0.15), positional_channels=2,
+               g_texture_conditioning="stages")
+    pipe = kinegen.load_pipeline(_tiny_pipeline_folder(tmp_path / "gan", **tex), cache=False)
+    with torch.no_grad():
+        for m in pipe.gan.net.positional:  # the label reaches the image only through the maps: make them count
+            m.proj.weight.normal_()
+            m.gain_logit.fill_(1.0)  # MP form: the maps' gain starts at tanh(0) = 0
+            m.texture_scale[3].fill_(0.5)
+    res = kinegen.generate_class_images(pipe, "blue star", num_images=2, seed=3, texture="Noisy")
+    assert res.texture == "noisy"
+    expected = pipe(class_labels=["blue star"] * 2, seeds=[3, 4], textures="noisy", output_type="np").images
+    torch.testing.assert_close(torch.from_numpy(res.images), torch.from_numpy(expected))
+    plain = kinegen.generate_class_images(pipe, "blue star", num_images=2, seed=3, texture="plain")
+    assert abs(plain.images - res.images).max() > 1e-3
+    assert kinegen.generate_class_images(pipe, "blue star", num_images=1).texture is None  # each seed's own
+    with pytest.raises(InvalidRequestError, match="unknown texture 'wavy'; valid textures: plain, checkered"):
+        kinegen.generate_class_images(pipe, "blue star", texture="wavy")
 
 
 def test_cli_generate_writes_a_gan_grid_and_refuses_text_flags(tmp_path, capsys):

@@ -389,6 +389,10 @@ class Service:
     def class_names(self, model: str) -> list[str]:
         return list(self.pipeline(model, "gan").class_names)
 
+    def texture_names(self, model: str) -> list[str]:
+        """The background textures a GAN takes as labels (empty for one trained without them)."""
+        return list(self.pipeline(model, "gan").texture_names)
+
     # ------------------------------------------------------------------ validation
 
     def check_request(self, request) -> None:
@@ -467,7 +471,8 @@ class Service:
         return out
 
     def generate_gan(self, model: str, classes, num_images: int, seed: int, truncation: float,
-                     user: str = "anonymous") -> dict[str, Any]:
+                     user: str = "anonymous", texture: str | None = None) -> dict[str, Any]:
+        """A grid of class images; ``texture``: every image's background texture (GANs with texture labels)."""
         from ..generation import generate_class_images
 
         if not 1 <= int(num_images) <= self.config.max_gan_images:
@@ -476,14 +481,15 @@ class Service:
         self.limiter.check(user)
         with self._locks[model]:
             res = generate_class_images(pipe, list(classes) or None, num_images=int(num_images), seed=int(seed),
-                                        truncation=float(truncation))
+                                        truncation=float(truncation), texture=texture or None)
         name = "-".join(dict.fromkeys(slug(c, 16) for c in res.class_names))[:60]
         path = res.save(self.output_dir / f"{_stamp()}-gan-{name}-seed{seed}.png")
         self._remember({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "type": "gan", "user": user, "model": model,
                         "request": {"prompt": ", ".join(dict.fromkeys(res.class_names)), "seed": int(seed),
-                                    "num_images": int(num_images), "truncation": float(truncation)},
+                                    "num_images": int(num_images), "truncation": float(truncation),
+                                    **({"texture": res.texture} if res.texture else {})},
                         "accelerators": [], "output": str(path), "total_s": res.timings["total"]})
-        return {"output": str(path), "timings": res.timings, "classes": res.class_names}
+        return {"output": str(path), "timings": res.timings, "classes": res.class_names, "texture": res.texture}
 
     def understand(self, model: str, video: str | os.PathLike, question: str, prune: str | None = None,
                    user: str = "anonymous") -> dict[str, Any]:

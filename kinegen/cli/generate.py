@@ -24,7 +24,7 @@ from .common import (
 )
 
 _GAN_ONLY = ("class_labels", "--class"), ("num_images", "--num-images"), ("truncation", "--truncation"), \
-    ("upscale", "--upscale")
+    ("upscale", "--upscale"), ("texture", "--texture")
 _TEXT_ONLY = ("cache", "--cache"), ("attention", "--attention"), ("heatmap", "--heatmap"), \
     ("negative_prompt", "--negative-prompt"), ("height", "--height"), ("width", "--width"), \
     ("frames", "--frames"), ("steps", "--steps"), ("guidance", "--guidance"), \
@@ -61,6 +61,9 @@ def add_parser(subparsers) -> None:
     gan.add_argument("--truncation", type=float, default=_GAN_DEFAULTS["truncation"], metavar="T",
                      help="latent truncation in (0, 1]; 1 = off, lower = higher fidelity, less variety "
                           "(default: %(default)s)")
+    gan.add_argument("--texture", metavar="NAME",
+                     help="the background texture of every image, for GANs trained with texture labels (the "
+                          "shapes GANs: plain, checkered, striped, noisy; default: each seed draws its own)")
     gan.add_argument("--upscale", type=int, default=_GAN_DEFAULTS["upscale"], metavar="K",
                      help="enlarge each image K times (nearest neighbour) in the grid (default: %(default)s)")
     gen.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
@@ -93,8 +96,9 @@ def _check_flags_for(spec, args) -> None:
     for dest, flag in (_TEXT_ONLY if gan else _GAN_ONLY):
         value = getattr(args, dest, None)
         if value is not None and value != _GAN_DEFAULTS.get(dest):
-            what = ("a class-conditional GAN (it takes --class, --num-images, --truncation)" if gan else
-                    "a text-conditioned model (--class, --num-images, --truncation and --upscale are for GANs)")
+            what = ("a class-conditional GAN (it takes --class, --num-images, --truncation, --texture)" if gan else
+                    "a text-conditioned model (--class, --num-images, --truncation, --texture and --upscale are "
+                    "for GANs)")
             raise ConfigError(f"{flag} does not apply to {spec.name}, {what}.")
     if not gan and args.prompt is None:
         raise ConfigError(f"{spec.name} needs a prompt: kinegen generate \"a red circle moving right\".")
@@ -293,17 +297,19 @@ def run_gan(args, resolved=None) -> int:
         raise ConfigError(f"--upscale must be between 1 and 16; got {args.upscale}.")
     pipe, load_s = load(args, resolved)
     result = generate_class_images(pipe, labels or None, num_images=args.num_images, seed=args.seed,
-                                   truncation=args.truncation)
+                                   truncation=args.truncation, texture=args.texture)
     result.save(output, upscale=args.upscale)
     n, h, w = result.images.shape[:3]
     if args.json:
         print(json.dumps({"output": str(output), "model": pipe.kinegen_spec.name, "images": n, "height": h,
                           "width": w, "classes": result.class_names, "seeds": result.seeds,
-                          "truncation": result.truncation, "timings_s": {"load": load_s, **result.timings}},
+                          "truncation": result.truncation, "texture": result.texture,
+                          "timings_s": {"load": load_s, **result.timings}},
                          indent=2))
         return 0
+    texture = f"; {result.texture} backgrounds" if result.texture else ""
     print(f"wrote {output} ({n} images of {w}x{h}: {', '.join(dict.fromkeys(result.class_names))}; seeds "
-          f"{result.seeds[0]}..{result.seeds[-1]})")
+          f"{result.seeds[0]}..{result.seeds[-1]}{texture})")
     print(f"time: load {load_s:.2f} s | generator {result.timings['generator'] * 1000:.1f} ms "
           f"({result.timings['per_image'] * 1000:.2f} ms per image; one step, batched forwards)")
     return 0
