@@ -9,8 +9,9 @@ version (with, for a run trained with ``--spectral-weight`` or ``--pixel-templat
 the templates' part of it), and how often D scores the image with each real texture above the same image with the
 faint blotch (0.5: D does not tell them apart, so its gradient does not ask G for that texture instead of the
 blotch). A run trained with ``--texture-labels`` is scored once under each texture label for every version (every
-image labelled plain, then every one noisy, ...): whether D, told the texture, prefers it. For a run with pixel templates, each template's sign weight ``b`` and its cosine with the
-data's checkered and striped patterns (at the data's place, and the largest over the pattern's other phases).
+image labelled plain, then every one noisy, ...): whether D, told the texture, prefers it. For a run with pixel
+templates, each template's sign weight ``b`` and its cosine with the data's checkered and striped patterns (at
+the data's place, and the largest over the pattern's other phases).
 
     .venv/bin/python benchmarks/gan_discriminator_backgrounds.py runs/gan-long/r3gan-s0 runs/gan-long/mp-s0 \\
         [--images 600] [--blotch 0.4]

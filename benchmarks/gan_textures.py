@@ -12,7 +12,10 @@ classes balanced):
 - **how much the background spreads**: percentiles of the MAD (the data's plain backgrounds 0, noisy 5 to 13),
   which tell a faint blotch from real noise;
 - **a pattern on its way**: the mean correlation with each pattern at the data's place over all images (a flat
-  background counts 0), which moves before any image passes the reader's threshold.
+  background counts 0), which moves before any image passes the reader's threshold;
+- **the grain of the noise**: over the backgrounds read as noisy, the correlation of the brightness of background
+  pixels 1, 2 and 4 apart (along rows): the data's noise is blotches on an 8x8 grid, bilinearly enlarged, so at
+  32x32 it stays correlated over 2 pixels; a finer noise falls off sooner.
 
     .venv/bin/python benchmarks/gan_textures.py runs/gan-long/r3gan-s0/snapshots/0003000_0.100.safetensors \\
         assets/models/kinegen-shapes-gan [--images 600]
@@ -89,7 +92,7 @@ def texture_probe(images: np.ndarray) -> dict:
     shifts = {p: [texture_mask(p, h, w, dy, dx) for dy in range(n) for dx in range(n)] for p, n in period.items()}
     reads, at_phase, any_phase, mads = [], {p: 0 for p in period}, {p: 0 for p in period}, []
     corr_sum = {p: 0.0 for p in period}
-    bases = []
+    bases, grain = [], {lag: [] for lag in GRAIN_LAGS}
     for img in images:
         reads.append(read_background(img)[1])
         base = read_base(img)
@@ -99,6 +102,9 @@ def texture_probe(images: np.ndarray) -> dict:
         background = background_mask(img, base)
         b = background_brightness(img, base, background)
         mads.append(float(np.median(np.abs(b - np.median(b)))))
+        if reads[-1] == "noisy":
+            for lag, values in grain.items():
+                values.extend(lag_correlation(img, background, lag))
         if b.std() < 1e-3:
             continue
         for p, masks in shifts.items():
@@ -111,7 +117,22 @@ def texture_probe(images: np.ndarray) -> dict:
             "colours": {c: bases.count(c) / n for c in (*BACKGROUNDS, OTHER)},
             "at_phase": {p: v / n for p, v in at_phase.items()}, "any_phase": {p: v / n for p, v in any_phase.items()},
             "mean_correlation": {p: v / n for p, v in corr_sum.items()},
-            "mad_percentiles": np.percentile(mads, [10, 50, 90]).tolist() if mads else [float("nan")] * 3}
+            "mad_percentiles": np.percentile(mads, [10, 50, 90]).tolist() if mads else [float("nan")] * 3,
+            "grain": {lag: float(np.mean(v)) if v else float("nan") for lag, v in grain.items()}}
+
+
+GRAIN_LAGS = (1, 2, 4)
+
+
+def lag_correlation(img: np.ndarray, background: np.ndarray, lag: int) -> list[float]:
+    """The correlation of the brightness of background pixels ``lag`` apart along rows (one value, or none when
+    too few pairs or no spread)."""
+    b = img.astype(np.float32).mean(-1)
+    both = background[:, :-lag] & background[:, lag:]
+    x, y = b[:, :-lag][both], b[:, lag:][both]
+    if len(x) < 16 or x.std() < 0.5 or y.std() < 0.5:
+        return []
+    return [float(np.corrcoef(x, y)[0, 1])]
 
 
 @torch.no_grad()
@@ -142,7 +163,8 @@ def row(name: str, m: dict) -> str:
             f"| {a['checkered']:.0%} / {a['striped']:.0%} | {p['checkered']:.0%} / {p['striped']:.0%} "
             f"| {' / '.join(f'{v:.1f}' for v in m['mad_percentiles'])} "
             f"| {m['mean_correlation']['checkered']:.3f} / {m['mean_correlation']['striped']:.3f} "
-            f"| {' / '.join(f'{v:.0%}' for v in m['colours'].values())} |")
+            f"| {' / '.join(f'{v:.0%}' for v in m['colours'].values())} "
+            f"| {' / '.join(f'{v:.2f}' for v in m['grain'].values())} |")
 
 
 def main() -> None:
@@ -164,8 +186,9 @@ def main() -> None:
     real, labels = reference_images(args.images, 32)
     print("| images | read as plain / checkered / striped / noisy / other | checkered / striped at the data's "
           "place | at any phase | background MAD, 10th / 50th / 90th percentile (0-255) | mean correlation at the "
-          "data's place: checkered / striped | background colour: " + " / ".join(BACKGROUNDS) + " / other |")
-    print("|---|---|---|---|---|---|---|")
+          "data's place: checkered / striped | background colour: " + " / ".join(BACKGROUNDS) + " / other "
+          "| noisy backgrounds' grain: correlation 1 / 2 / 4 px apart |")
+    print("|---|---|---|---|---|---|---|---|")
     print(row(f"held-out real ({args.images})", texture_probe(real)))
     kept = []  # (generator, label, share of latents keeping their colour under plain)
     for path in args.generators:

@@ -213,8 +213,10 @@ def test_app_generates_through_gradio_client_and_survives_bad_input(running_app,
     pred = classify(load_classifier(), frames)
     assert pred["colour"] == "red" and pred["motion"] == "right"
     assert any(p.suffix == ".mp4" for p in config.output_dir.iterdir())  # written to the output folder
-    grid, info = client.predict(classes=["blue star"], num_images=4, seed=0, truncation=0.5, api_name="/gan")
-    assert "4 images" in info and "Class: blue star" in info and grid.endswith(".png")
+    grid, info = client.predict(classes=["blue star"], num_images=4, seed=0, truncation=0.5, texture="striped",
+                                api_name="/gan")
+    assert "4 images" in info and "Class: blue star" in info and "Backgrounds: striped" in info
+    assert grid.endswith(".png")
     rows = app.kinegen_service.history_rows()
     assert [r[1] for r in rows[:2]] == ["gan", "generate"]
     assert rows[0][5] == "one step, truncation 0.5" and rows[1][5] == "dense"  # no accelerators: a GAN has none

@@ -166,7 +166,7 @@ def gan(load_tiny):
     (["--upscale", "0"], "--upscale must be between 1 and 16; got 0."),
     (["--seed", "-1"], "seed must be a non-negative integer below 2**63 - 1024; got -1."),
     (["--steps", "4"], "--steps does not apply to kinegen-shapes-gan, a class-conditional GAN"),
-    (["--texture", "striped"], "was trained without texture labels; leave the texture out"),
+    (["--texture", "wavy"], "unknown texture 'wavy'; valid textures: plain, checkered, striped, noisy."),
 ])
 def test_cli_rejects_bad_gan_input(tmp_path, capsys, args, message):
     """`generate` for the class-conditional GAN: every flag's bad value named, no grid written."""
