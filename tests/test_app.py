@@ -24,7 +24,10 @@ def _tiny_gan(path):
     from kinegen.models.mpgan import GANConfig
     from kinegen.pipelines import MPGANGenerator, MPGANPipeline
 
-    gan = MPGANGenerator.from_gan_config(GANConfig(resolution=16, widths=(64, 64, 32), num_classes=12), class_names())
+    # with texture labels, as the bundled GAN has (the web tab then offers its textures)
+    cfg = GANConfig(resolution=16, widths=(64, 64, 32), num_classes=12, num_textures=4,
+                    texture_prior=(0.55, 0.15, 0.15, 0.15), positional_channels=2, g_texture_conditioning="stages")
+    gan = MPGANGenerator.from_gan_config(cfg, class_names())
     with torch.no_grad():
         gan.net.out_gain.fill_(1.0)
     MPGANPipeline(gan=gan).save_pretrained(path)
@@ -217,6 +220,8 @@ def test_app_generates_through_gradio_client_and_survives_bad_input(running_app,
                                 api_name="/gan")
     assert "4 images" in info and "Class: blue star" in info and "Backgrounds: striped" in info
     assert grid.endswith(".png")
+    with pytest.raises(Exception, match="unknown texture 'wavy'; valid textures: plain, checkered, striped, noisy"):
+        client.predict(classes=["blue star"], num_images=1, texture="wavy", api_name="/gan")
     rows = app.kinegen_service.history_rows()
     assert [r[1] for r in rows[:2]] == ["gan", "generate"]
     assert rows[0][5] == "one step, truncation 0.5" and rows[1][5] == "dense"  # no accelerators: a GAN has none
