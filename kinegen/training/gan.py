@@ -31,7 +31,7 @@ import torch
 
 from ..errors import ConfigError
 from ..models.mpgan import NOISE_GAIN, Discriminator, Generator, draw_latents, renormalize_
-from ..models.mpgan_config import G_TEXTURE_CONDITIONING, MP_SWITCHES, GANConfig
+from ..models.mpgan_config import MP_SWITCHES, GANConfig
 from .common import Progress, TimeBox, load_checkpoint
 from .configs import GAN_DEFAULT_LR, GANTrainConfig
 from .gan_loss import SPECTRUM_SPACES, discriminator_loss, diversity_term, generator_loss, spectrum_term
@@ -53,9 +53,6 @@ def network_config(cfg: GANTrainConfig, num_classes: int) -> GANConfig:
         if name not in MP_SWITCHES:
             raise ConfigError(f"ablate: unknown switch {name!r}; valid: {', '.join(MP_SWITCHES)}.")
         flags[name] = False
-    if cfg.g_texture_conditioning not in G_TEXTURE_CONDITIONING:
-        raise ConfigError(f"--g-texture-conditioning must be one of {', '.join(G_TEXTURE_CONDITIONING)}; got "
-                          f"{cfg.g_texture_conditioning!r}.")
     if cfg.g_texture_conditioning == "stages" and not (cfg.texture_labels and cfg.positional_channels):
         raise ConfigError("--g-texture-conditioning stages scales G's positional maps per texture label: set "
                           "--texture-labels true and --positional-channels too.")
