@@ -54,9 +54,9 @@ def texture_scores(run: Path, n_images: int, blotch: float) -> dict:
     step = json.loads((run / "checkpoint" / "state.json").read_text())["step"]
     images, labels = retextured(n_images, net.resolution, blotch)
     y = torch.from_numpy(labels)
+    xs = {name: torch.from_numpy(imgs).permute(0, 3, 1, 2).float() / 127.5 - 1.0 for name, imgs in images.items()}
     scores, spectral, templates = {}, {}, {}
-    for name, imgs in images.items():
-        x = torch.from_numpy(imgs).permute(0, 3, 1, 2).float() / 127.5 - 1.0
+    for name, x in xs.items():
         scores[name] = d(x, y).numpy()  # the whole logit, with SSD-GAN's spectral part when the run has one
         if d.spectral is not None:
             spectral[name] = float(d.spectral_logit(x).mean())
@@ -68,8 +68,7 @@ def texture_scores(run: Path, n_images: int, blotch: float) -> dict:
 
         for k, label in enumerate(TEXTURES):
             t = torch.full_like(y, k)
-            got = {name: d(torch.from_numpy(imgs).permute(0, 3, 1, 2).float() / 127.5 - 1.0, y, t).numpy()
-                   for name, imgs in images.items()}
+            got = {name: d(x, y, t).numpy() for name, x in xs.items()}
             by_label[label] = {"mean_score": {n: float(v.mean()) for n, v in got.items()},
                                "above_blotch": {v: float((got[v] > got["faint blotch"]).mean()) for v in VERSIONS}}
     return {"run": str(run), "step": step, "blotch": blotch,

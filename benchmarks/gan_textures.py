@@ -202,9 +202,10 @@ def main() -> None:
         if g.cfg.num_textures and args.texture:
             from kinegen.evaluation.gan_backgrounds import read_base
 
-            under_plain = [read_base(img) for img in generated_images(g, labels, "plain")]
+            drawn = {t: generated_images(g, labels, t) for t in dict.fromkeys(["plain", *args.texture])}
+            under_plain = [read_base(img) for img in drawn["plain"]]
             for texture in args.texture:
-                images = generated_images(g, labels, texture)
+                images = drawn[texture]
                 print(row(f"{path}, every image labelled {texture}", texture_probe(images)), flush=True)
                 same = np.mean([read_base(img) == c for img, c in zip(images, under_plain, strict=True)])
                 kept.append((path, texture, float(same)))

@@ -191,7 +191,8 @@ def _unit(x: torch.Tensor, var) -> torch.Tensor:
 
 
 def _as_map(v: torch.Tensor) -> torch.Tensor:
-    """A per-channel ``[C]`` or per-image ``[N, C]`` tensor shaped to scale feature maps ``[N, C, H, W]``."""
+    """A per-channel ``[C]`` or per-image ``[N, C]`` (or ``[1, C]``) tensor shaped to scale feature maps
+    ``[N, C, H, W]``."""
     return v.view(1, -1, 1, 1) if v.dim() == 1 else v[:, :, None, None]
 
 
@@ -292,11 +293,8 @@ class PositionalMap(nn.Module):
         gain = self.gains(textures)
         if gain is None:
             return x + p, var
-        x = x + gain[:, :, None, None].to(x.dtype) * p
-        if self.gain_logit is None:
-            return x, var
-        extra = gain.detach() ** 2
-        return x, var + (extra if self.texture_scale is not None else extra[0])
+        x = x + _as_map(gain).to(x.dtype) * p
+        return x, var if self.gain_logit is None else var + gain.detach() ** 2  # variance tracked in MP form only
 
 
 # The per-texture scales of the positional maps are stored as ``u`` in ``s = 1 + gain * u`` (an equalised learning
@@ -339,9 +337,8 @@ class NoiseInput(nn.Module):
                 textures: torch.Tensor | None = None) -> tuple[torch.Tensor, float | torch.Tensor]:
         w = self.weights(textures)
         if self.mp:
-            extra = w.detach() ** 2
-            var = var + (extra if self.per_texture else extra[0])
-        return x + w[:, :, None, None].to(x.dtype) * noise.to(x.dtype), var
+            var = var + w.detach() ** 2
+        return x + _as_map(w).to(x.dtype) * noise.to(x.dtype), var
 
 
 def draw_latents(n: int, cfg: GANConfig, generator: torch.Generator | None = None) -> torch.Tensor:
