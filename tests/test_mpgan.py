@@ -235,6 +235,32 @@ def test_noise_per_texture_gives_each_texture_label_its_own_noise_weights(mp):
 
 
 @pytest.mark.parametrize("mp", [True, False])
+def test_noise_max_resolution_keeps_the_noise_inputs_of_the_stages_up_to_it(mp):
+    from kinegen.models.mpgan import draw_latents, split_latent
+
+    make = GANConfig if mp else GANConfig.baseline
+    cfg = make(**SMALL, noise_inputs=True, noise_max_resolution=8)
+    assert cfg.noise_resolutions == (8,) and cfg.latent_dim == cfg.z_dim + 64
+    torch.manual_seed(0)
+    g = Generator(cfg)
+    assert len(g.noise) == 1 and g.noise[0].weight.shape == (64,)
+    latent = draw_latents(2, cfg, torch.Generator().manual_seed(0))
+    z, noise = split_latent(latent, cfg)
+    assert [n.shape for n in noise] == [(2, 1, 8, 8)]
+    c = torch.tensor([0, 1])
+    with torch.no_grad():
+        g.noise[0].weight.fill_(0.05)
+        other = torch.cat([z, torch.randn(2, 64)], dim=1)  # same z, another 8x8 noise image
+        assert (g(other, c) - g(latent, c)).abs().max() > 1e-2
+    assert make(**SMALL, noise_inputs=True, noise_max_resolution=16).noise_resolutions == (8, 16)
+    for bad in (4, 12, 32):
+        with pytest.raises(ValueError, match=r"noise_max_resolution is the side of a stage from 8x8 \(8, 16\)"):
+            make(**SMALL, noise_inputs=True, noise_max_resolution=bad)
+    with pytest.raises(ValueError, match="it needs noise_inputs"):
+        make(**SMALL, noise_max_resolution=8)
+
+
+@pytest.mark.parametrize("mp", [True, False])
 def test_texture_labels_at_g_stages_scale_the_positional_maps_and_leave_the_input_alone(mp):
     make = GANConfig if mp else GANConfig.baseline
     tex = dict(num_textures=4, texture_prior=(0.55, 0.15, 0.15, 0.15), positional_channels=4)
@@ -496,6 +522,16 @@ def test_gan_training_with_texture_labels_from_an_earlier_run(tmp_path):
     torch.testing.assert_close(a, b)
     with pytest.raises(ConfigError, match="keep --noise-per-texture true"):
         train_gan(tmp_path / "e", _tiny_train(**noisy, init=str(tmp_path / "n")))
+    # a fine-tune with the noise at 8x8 only drops the 16x16 noise input and keeps the 8x8 one as trained
+    out_8 = train_gan(tmp_path / "n8", _tiny_train(**noisy, noise_per_texture=True, noise_max_resolution=8, steps=1,
+                                                    lr=1e-12, init=str(tmp_path / "n")))
+    g8 = load_file(str(tmp_path / "n8" / "checkpoint" / "generator.safetensors"))
+    gn = load_file(str(tmp_path / "n" / "checkpoint" / "generator.safetensors"))
+    assert "noise.1.weight" in gn and "noise.1.weight" not in g8
+    torch.testing.assert_close(g8["noise.0.weight"], gn["noise.0.weight"], atol=1e-6, rtol=0)
+    assert MPGANPipeline.from_pretrained(out_8).gan.net.cfg.latent_dim == pipe_n.gan.net.cfg.z_dim + 64
+    with pytest.raises(ConfigError, match="--noise-max-resolution limits the noise inputs"):
+        train_gan(tmp_path / "e", _tiny_train(variant="r3gan", noise_max_resolution=8))
     with pytest.raises(ConfigError, match="--texture-labels true too"):
         train_gan(tmp_path / "e", _tiny_train(variant="r3gan", noise_inputs=True, noise_per_texture=True))
     # the texture label moved from G's input to its stages: G's texture vectors are dropped, its maps get scales

@@ -385,7 +385,8 @@ class Generator(nn.Module):
         # one positional map per stage from 8x8 up (stage i is 4 * 2^i pixels wide); none when off
         self.positional = nn.ModuleList(PositionalMap(cfg.positional_channels, 4 * 2**i, c, cfg)
                                         for i, c in enumerate(cfg.widths) if i and cfg.positional_channels)
-        self.noise = nn.ModuleList(NoiseInput(c, cfg) for i, c in enumerate(cfg.widths) if i and cfg.noise_inputs)
+        # one noise input per stage of ``cfg.noise_resolutions`` (8x8 up to noise_max_resolution); none when off
+        self.noise = nn.ModuleList(NoiseInput(c, cfg) for c in cfg.widths[1:1 + len(cfg.noise_resolutions)])
         self.to_rgb = Conv(cfg.widths[-1], 3, 1, bias=True, mp=mp, centering=False)
         self.texture_embed = (TextureEmbedding(cfg.num_textures, cfg.embed_dim, cfg.texture_gain)
                               if cfg.num_textures and cfg.g_texture_conditioning == "input" else None)
@@ -430,7 +431,7 @@ class Generator(nn.Module):
         for i, blocks in enumerate(self.stages):
             if i and self.cfg.positional_channels:
                 x, var = self.positional[i - 1](x, var, textures)
-            if i and self.cfg.noise_inputs:
+            if 0 < i <= len(self.noise):
                 x, var = self.noise[i - 1](x, var, noise[i - 1], textures)
             for block in blocks:
                 x, var = block(x, var)

@@ -69,6 +69,10 @@ class GANConfig:
     # row). With one row the plain label, 55% of the shapes data and noise-free, pulls the shared weights to 0 although
     # D asks for the noise under the noisy label (benchmarks/gan.md, "Noise weights per texture"). False = one row.
     noise_per_texture: bool = False
+    # G only: the noise inputs stop at this side (8 = the 8x8 stage alone); 0 = every stage from 8x8 (StyleGAN). The
+    # shapes data's noisy backgrounds are blotches on an 8x8 grid, linearly upsampled; with inputs at 16x16 too G
+    # drew them from the 16x16 noise, finer than the data's (benchmarks/gan.md, "The grain of the noise").
+    noise_max_resolution: int = 0
     # G only: where G takes the texture label (``num_textures``). "input": a vector added to the class vector at G's
     # input (:class:`~kinegen.models.mpgan.TextureEmbedding`), the runs until 2026-12-06; the same z then draws
     # another background colour under each label, and the pattern labels lost black and navy (benchmarks/gan.md,
@@ -128,6 +132,12 @@ class GANConfig:
         if self.noise_per_texture and not (self.noise_inputs and self.num_textures):
             raise ValueError("noise_per_texture gives the noise inputs one weight row per texture label: it needs "
                              "noise_inputs and texture labels (num_textures > 0)")
+        sides = [4 * 2**i for i in range(1, stages)]
+        if self.noise_max_resolution and self.noise_max_resolution not in sides:
+            raise ValueError(f"noise_max_resolution is the side of a stage from 8x8 ({', '.join(map(str, sides))}) "
+                             f"or 0 (every stage); got {self.noise_max_resolution}")
+        if self.noise_max_resolution and not self.noise_inputs:
+            raise ValueError("noise_max_resolution limits the noise inputs: it needs noise_inputs")
         if self.g_texture_conditioning not in G_TEXTURE_CONDITIONING:
             raise ValueError(f"g_texture_conditioning must be one of {', '.join(G_TEXTURE_CONDITIONING)}; got "
                              f"{self.g_texture_conditioning!r}")
@@ -149,9 +159,11 @@ class GANConfig:
 
     @property
     def noise_resolutions(self) -> tuple[int, ...]:
-        """The side of each stage's noise image (``noise_inputs``), 8x8 up; empty when off."""
+        """The side of each stage's noise image (``noise_inputs``), 8x8 up to ``noise_max_resolution``; empty
+        when off."""
         stages = int(math.log2(self.resolution)) - 1
-        return tuple(4 * 2**i for i in range(1, stages)) if self.noise_inputs else ()
+        top = self.noise_max_resolution or self.resolution
+        return tuple(4 * 2**i for i in range(1, stages) if 4 * 2**i <= top) if self.noise_inputs else ()
 
     @property
     def latent_dim(self) -> int:

@@ -36,7 +36,7 @@ class MPGANGenerator(ModelMixin, ConfigMixin):
                  mp_residual: bool = _NET.mp_residual, ff_heads: bool = _NET.ff_heads, free_transitions: bool = False,
                  linear_extraction: bool = False, shared_class_init: bool = False,
                  positional_channels: int = 0, positional_gain: float = 1.0, noise_inputs: bool = False,
-                 noise_per_texture: bool = False,
+                 noise_per_texture: bool = False, noise_max_resolution: int = 0,
                  g_texture_conditioning: str = "input",
                  num_textures: int = 0, texture_prior: tuple = (), texture_gain: float = _NET.texture_gain,
                  class_names: list | None = None, texture_names: list | None = None):

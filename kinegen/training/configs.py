@@ -139,6 +139,7 @@ class GANTrainConfig:
     positional_gain: float = 1.0  # those maps' learning-rate gain (stored / gain, used x gain; ProGAN's equalised lr)
     noise_inputs: bool = False  # G's StyleGAN noise inputs, one Gaussian image per stage from 8x8 (Karras et al. 2019)
     noise_per_texture: bool = False  # their weights per texture label (needs --texture-labels; benchmarks/gan.md)
+    noise_max_resolution: int = 0  # the last stage with a noise input (8 = 8x8 only); 0 = every stage from 8x8
     g_texture_conditioning: str = "input"  # where G takes the texture label: "input" or "stages" (benchmarks/gan.md)
     noise_weight_init: float = 0.0  # their per-channel weights at step 0 where new (0 is a saddle: benchmarks/gan.md)
     spectral_weight: float = 0.0  # weight of D's SSD-GAN classifier on the reduced spectrum (Chen et al. 2021); 0 = off

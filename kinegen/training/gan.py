@@ -58,6 +58,8 @@ def network_config(cfg: GANTrainConfig, num_classes: int) -> GANConfig:
                           "--texture-labels true and --positional-channels too.")
     if cfg.noise_weight_init and not cfg.noise_inputs:
         raise ConfigError("--noise-weight-init sets the noise inputs' weights: set --noise-inputs true too.")
+    if cfg.noise_max_resolution and not cfg.noise_inputs:
+        raise ConfigError("--noise-max-resolution limits the noise inputs: set --noise-inputs true too.")
     if cfg.noise_per_texture and not (cfg.noise_inputs and cfg.texture_labels):
         raise ConfigError("--noise-per-texture gives the noise inputs a weight row per texture label: set "
                           "--noise-inputs true and --texture-labels true too.")
@@ -75,6 +77,7 @@ def network_config(cfg: GANTrainConfig, num_classes: int) -> GANConfig:
                          mbstd_group=cfg.mbstd_group, separate_class_head=cfg.separate_class_head,
                          positional_channels=cfg.positional_channels, positional_gain=cfg.positional_gain,
                          noise_inputs=cfg.noise_inputs, noise_per_texture=cfg.noise_per_texture,
+                         noise_max_resolution=cfg.noise_max_resolution,
                          g_texture_conditioning=cfg.g_texture_conditioning,
                          spectral_weight=cfg.spectral_weight,
                          pixel_templates=cfg.pixel_templates, template_curvature=cfg.template_curvature,
@@ -214,8 +217,8 @@ def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -
     """Load G and D from another run's checkpoint (``--init RUN``): a fine-tune with a fresh optimiser and
     schedule. The networks must be the run's, except that G may add positional maps (``positional_channels``) or
     change their learning-rate gain (``positional_gain``: the loaded maps are rescaled to draw the same), add
-    noise inputs (``noise_inputs``, ``noise_per_texture``), and move the texture label from G's input to its stages
-    (``g_texture_conditioning``: G's texture vectors are dropped),
+    noise inputs (``noise_inputs``, ``noise_per_texture``) or drop those above ``noise_max_resolution``, and move
+    the texture label from G's input to its stages (``g_texture_conditioning``: G's texture vectors are dropped),
     D the spectral classifier (``spectral_weight``) and pixel templates (``pixel_templates``), and both texture
     labels (``num_textures``), which then start as they are at initialisation (a no-op, except for the pixel
     templates: random, at a small weight)."""
@@ -244,6 +247,7 @@ def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -
                           f"{str(src.noise_per_texture).lower()}.")
     if dataclasses.replace(src, positional_channels=net.positional_channels, positional_gain=net.positional_gain,
                            noise_inputs=net.noise_inputs, noise_per_texture=net.noise_per_texture,
+                           noise_max_resolution=net.noise_max_resolution,
                            g_texture_conditioning=net.g_texture_conditioning,
                            spectral_weight=net.spectral_weight,
                            pixel_templates=net.pixel_templates, template_curvature=net.template_curvature,
@@ -253,8 +257,8 @@ def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -
         raise ConfigError(f"--init {init} is another network (it differs in {', '.join(diff)}); give the same "
                           "--variant, --widths and switches as that run (only --positional-channels, --spectral-weight "
                           "and --pixel-templates may be added, --positional-gain and --template-curvature set, "
-                          "--noise-inputs, --noise-per-texture and --texture-labels turned on, and "
-                          "--g-texture-conditioning set to stages).")
+                          "--noise-inputs, --noise-per-texture and --texture-labels turned on, "
+                          "--noise-max-resolution set, and --g-texture-conditioning set to stages).")
     missing_d, unexpected_d = d.load_state_dict(load_file(str(ckpt / "discriminator.safetensors")), strict=False)
     new_d = ("spectral.weight", "texture_embed.weight", "templates.templates", "templates.weight",
              "templates.texture_weight")
@@ -264,6 +268,9 @@ def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -
     g_state = load_file(str(ckpt / "generator.safetensors"))
     if net.g_texture_conditioning == "stages":
         g_state.pop("texture_embed.weight", None)  # from input to stages: G's texture vectors are dropped
+    dropped = [k for k in g_state if k.startswith("noise.") and int(k.split(".")[1]) >= len(g.noise)]
+    for k in dropped:  # a lower --noise-max-resolution: the noise inputs of the stages above it are dropped
+        del g_state[k]
     for k in [k for k in g_state if k.startswith("positional.") and k.endswith(".map")]:
         g_state[k] = g_state[k] * (src.positional_gain / net.positional_gain)  # the same P under the new gain
     missing, unexpected = g.load_state_dict(g_state, strict=False)
@@ -278,8 +285,9 @@ def start_from_run(init: Path, net: GANConfig, g: Generator, d: Discriminator) -
            + ["the pixel templates (random)"] * ("templates.weight" in missing_d)
            + ["the texture labels"] * ("texture_embed.weight" in missing_d)
            + ["the per-texture scales of the positional maps"] * any(k.endswith("texture_scale") for k in missing))
-    print(f"starting from {init} (its step {step})" + (f"; {' and '.join(new)} start as initialised" if new else ""),
-          flush=True)
+    print(f"starting from {init} (its step {step})" + (f"; {' and '.join(new)} start as initialised" if new else "")
+          + (f"; its noise inputs above {net.noise_max_resolution}x{net.noise_max_resolution} are dropped"
+             if dropped else ""), flush=True)
 
 
 def _cos(step: int, total: int) -> float:
