@@ -27,6 +27,9 @@ data draw colour and texture independently, so a latent should keep its colour w
 With ``--grid PNG`` (one generator with texture labels) it also saves what the tables count: a row per texture
 label (plain, checkered, striped, noisy), the first eight classes, one latent per column (seed 1), 4x upscaled.
 
+With ``--without-noise 16,32`` (generators with noise inputs; repeatable) each generator is also read with its noise
+inputs at those sides switched off (weights 0, every label): which stage's noise draws the noisy texture.
+
 Each argument is an ``MPGANPipeline`` folder, a run's EMA snapshot (``RUN/snapshots/STEP_SIGMA.safetensors``)
 or a run folder (its reconstructed ``RUN/pipeline``). Single-threaded.
 """
@@ -34,6 +37,7 @@ or a run folder (its reconstructed ``RUN/pipeline``). Single-threaded.
 from __future__ import annotations
 
 import argparse
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +60,20 @@ def load_generator(path: Path):
 
     folder = path / "pipeline" if (path / "run.json").is_file() else path
     return MPGANPipeline.from_pretrained(str(folder), use_safetensors=True).gan.net.eval()
+
+
+@torch.no_grad()
+def without_noise(g, sides: set[int]):
+    """A copy of ``g`` whose noise inputs at these sides (8, 16, 32) are off: their weights 0 for every label."""
+    missing = sides - set(g.cfg.noise_resolutions)
+    if missing:
+        raise SystemExit(f"--without-noise: this generator has no noise input at {sorted(missing)}; its noise inputs: "
+                         f"{', '.join(map(str, g.cfg.noise_resolutions)) or 'none'}")
+    g = copy.deepcopy(g)
+    for side, m in zip(g.cfg.noise_resolutions, g.noise, strict=True):
+        if side in sides:
+            m.weight.zero_()
+    return g
 
 
 @torch.no_grad()
@@ -174,9 +192,15 @@ def main() -> None:
     parser.add_argument("--texture", action="append", default=None, choices=["plain", "checkered", "striped", "noisy"],
                         help="generators with texture labels: also read every image drawn with this label "
                              "(repeatable)")
+    parser.add_argument("--without-noise", action="append", default=[], metavar="SIDES",
+                        help="generators with noise inputs: also read each with its noise inputs at these sides off "
+                             "(comma-separated, e.g. 16,32; repeatable, one variant each)")
     parser.add_argument("--grid", type=Path, default=None,
                         help="save a PNG of the (one) generator: a row per texture label, a column per class")
     args = parser.parse_args()
+    for spec in args.without_noise:
+        if not all(s.strip().isdigit() for s in spec.split(",")):
+            parser.error(f"--without-noise takes sides such as 16,32; got {spec!r}")
     if args.grid is not None and len(args.generators) != 1:
         parser.error(f"--grid takes one generator; got {len(args.generators)}")
     torch.set_num_threads(1)
@@ -198,17 +222,23 @@ def main() -> None:
                 raise SystemExit(f"--grid: {path} has no texture labels; the grid's rows are texture labels")
             texture_grid(g, args.grid)
             print(f"saved {args.grid}", flush=True)
-        print(row(str(path), texture_probe(generated_images(g, labels))), flush=True)
-        if g.cfg.num_textures and args.texture:
-            from kinegen.evaluation.gan_backgrounds import read_base
+        variants = [(str(path), g)]
+        for spec in args.without_noise:
+            sides = {int(s) for s in spec.split(",")}
+            variants.append((f"{path} without the noise at {', '.join(f'{s}x{s}' for s in sorted(sides))}",
+                             without_noise(g, sides)))
+        for name, net in variants:
+            print(row(name, texture_probe(generated_images(net, labels))), flush=True)
+            if net.cfg.num_textures and args.texture:
+                from kinegen.evaluation.gan_backgrounds import read_base
 
-            drawn = {t: generated_images(g, labels, t) for t in dict.fromkeys(["plain", *args.texture])}
-            under_plain = [read_base(img) for img in drawn["plain"]]
-            for texture in args.texture:
-                images = drawn[texture]
-                print(row(f"{path}, every image labelled {texture}", texture_probe(images)), flush=True)
-                same = np.mean([read_base(img) == c for img, c in zip(images, under_plain, strict=True)])
-                kept.append((path, texture, float(same)))
+                drawn = {t: generated_images(net, labels, t) for t in dict.fromkeys(["plain", *args.texture])}
+                under_plain = [read_base(img) for img in drawn["plain"]]
+                for texture in args.texture:
+                    images = drawn[texture]
+                    print(row(f"{name}, every image labelled {texture}", texture_probe(images)), flush=True)
+                    same = np.mean([read_base(img) == c for img, c in zip(images, under_plain, strict=True)])
+                    kept.append((name, texture, float(same)))
     if kept:
         print("\n| generator | label | images with the background colour they have under the plain label |\n"
               "|---|---|---|")
