@@ -96,7 +96,7 @@ _RANGES = {"seed": (0, None), "crop": (8, 64), "size": (8, None), "resolution": 
            "diversity_weight": (0, None), "diversity_bound": (0, None), "mbstd_group": (0, None),
            "positional_channels": (0, None), "spectral_weight": (0, None), "pixel_templates": (0, None),
            "template_curvature": (0, None), "positional_gain": (1e-3, None),
-           "noise_weight_init": (None, None),
+           "noise_weight_init": (None, None), "noise_max_resolution": (0, None),
            "spectrum_match": (0, None)}
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -83,7 +84,15 @@ def network_config(cfg: GANTrainConfig, num_classes: int) -> GANConfig:
                          pixel_templates=cfg.pixel_templates, template_curvature=cfg.template_curvature,
                          num_textures=len(prior), texture_prior=prior, **flags)
     except ValueError as e:
-        raise ConfigError(f"GAN settings: {e}") from None
+        raise ConfigError(f"GAN settings: {_as_flags(str(e))}") from None
+
+
+def _as_flags(message: str) -> str:
+    """A GANConfig error in the words of ``kinegen train gan``: each field that is a flag, as that flag."""
+    from .configs import GANTrainConfig
+
+    names = sorted((f.name for f in dataclasses.fields(GANTrainConfig) if "_" in f.name), key=len, reverse=True)
+    return re.sub(r"\b(" + "|".join(names) + r")\b", lambda m: "--" + m.group(1).replace("_", "-"), message)
 
 
 # ---------------------------------------------------------------------------- data
