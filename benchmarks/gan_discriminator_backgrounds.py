@@ -13,8 +13,13 @@ image labelled plain, then every one noisy, ...): whether D, told the texture, p
 templates, each template's sign weight ``b`` and its cosine with the data's checkered and striped patterns (at
 the data's place, and the largest over the pattern's other phases).
 
+With ``--generated`` (runs with texture labels and an exported ``RUN/pipeline``), the run's own generator draws the
+same number of images under the plain label and D scores each as drawn and with its background flattened (every
+background pixel set to the background's median colour, :func:`~kinegen.evaluation.gan_backgrounds.background_mask`),
+under the plain label: whether D asks G to remove the faint mottle G draws there.
+
     .venv/bin/python benchmarks/gan_discriminator_backgrounds.py runs/gan-long/r3gan-s0 runs/gan-long/mp-s0 \\
-        [--images 600] [--blotch 0.4]
+        [--images 600] [--blotch 0.4] [--generated]
 """
 
 import argparse
@@ -79,6 +84,51 @@ def texture_scores(run: Path, n_images: int, blotch: float) -> dict:
             "by_texture_label": by_label or None}
 
 
+@torch.no_grad()
+def flattened_scores(run: Path, n_images: int) -> dict:
+    """D on G's plain-labelled images, as drawn and with the background flattened; split by the reader's texture."""
+    from safetensors.torch import load_model
+
+    from kinegen.data.shapes import TEXTURES
+    from kinegen.evaluation.gan_backgrounds import OTHER, background_mask, read_base, read_texture
+    from kinegen.models.mpgan import Discriminator, draw_latents
+    from kinegen.pipelines import MPGANPipeline
+    from kinegen.training.gan import load_run_config
+
+    net = load_run_config(run)
+    if not net.num_textures or not (run / "pipeline").is_dir():
+        raise SystemExit(f"--generated: {run} needs texture labels and an exported pipeline (RUN/pipeline)")
+    d = Discriminator(net).eval()
+    load_model(d, str(run / "checkpoint" / "discriminator.safetensors"))
+    g = MPGANPipeline.from_pretrained(str(run / "pipeline")).gan.net.eval()
+    y = torch.arange(n_images) % net.num_classes
+    plain = torch.full_like(y, TEXTURES.index("plain"))
+    z = draw_latents(n_images, g.cfg, torch.Generator().manual_seed(7))  # the training eval's latents
+    drawn = ((g(z, y, plain).clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    flat, reads = drawn.copy(), []
+    for img, out in zip(drawn, flat, strict=True):
+        base = read_base(img)
+        if base == OTHER:
+            reads.append(OTHER)
+            continue
+        mask = background_mask(img, base)
+        reads.append(read_texture(img, base, mask))
+        out[mask] = np.median(img[mask].astype(np.float32), axis=0).round().astype(np.uint8)
+
+    def score(images: np.ndarray) -> np.ndarray:
+        return d(torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1.0, y, plain).numpy()
+
+    as_drawn, flattened, reads = score(drawn), score(flat), np.array(reads)
+    rows = {}
+    for name, keep in (("all but other", reads != OTHER), ("read noisy", reads == "noisy"),
+                       ("read plain", reads == "plain")):
+        if keep.any():
+            rows[name] = {"images": int(keep.sum()), "as_drawn": float(as_drawn[keep].mean()),
+                          "flattened": float(flattened[keep].mean()),
+                          "flattened_above": float((flattened[keep] > as_drawn[keep]).mean())}
+    return rows
+
+
 def template_patterns(d) -> list[dict]:
     """Per pixel template: ``b`` and its cosine with each patterned texture (the same in every channel, less
     its mean) at the data's place and the largest |cosine| over the pattern's other phases (one period)."""
@@ -112,6 +162,8 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--images", type=int, default=600)
     parser.add_argument("--blotch", type=float, default=0.4, help="the faint blotch's share of the noisy amplitude")
+    parser.add_argument("--generated", action="store_true",
+                        help="also score the run's own plain-labelled images, as drawn and flattened")
     args = parser.parse_args()
     if not 0 < args.blotch < 1:
         parser.error("--blotch must be between 0 and 1 (a share of the noisy texture's amplitude)")
@@ -140,6 +192,13 @@ def main() -> None:
             for k, tm in enumerate(r["templates"]):
                 print(f"| {k} | {tm['b']:.3f} | {tm['checkered']:.3f} / "
                       f"{tm['checkered_other_phases']:.3f} | {tm['striped']:.3f} / {tm['striped_other_phases']:.3f} |")
+    if args.generated:
+        print("\n| run | G's images under the plain label | images | mean D, plain label: as drawn / background "
+              "flattened | D scores it higher flattened |\n|---|---|---|---|---|")
+        for run in args.runs:
+            for name, r in flattened_scores(run, args.images).items():
+                print(f"| {run.name} | {name} | {r['images']} | {r['as_drawn']:.2f} / {r['flattened']:.2f} "
+                      f"| {r['flattened_above']:.0%} |")
 
 
 if __name__ == "__main__":
