@@ -89,8 +89,6 @@ def network_config(cfg: GANTrainConfig, num_classes: int) -> GANConfig:
 
 def _as_flags(message: str) -> str:
     """A GANConfig error in the words of ``kinegen train gan``: each field that is a flag, as that flag."""
-    from .configs import GANTrainConfig
-
     names = sorted((f.name for f in dataclasses.fields(GANTrainConfig) if "_" in f.name), key=len, reverse=True)
     return re.sub(r"\b(" + "|".join(names) + r")\b", lambda m: "--" + m.group(1).replace("_", "-"), message)
 
