@@ -100,7 +100,7 @@ def flattened_scores(run: Path, n_images: int) -> dict:
         raise SystemExit(f"--generated: {run} needs texture labels and an exported pipeline (RUN/pipeline)")
     d = Discriminator(net).eval()
     load_model(d, str(run / "checkpoint" / "discriminator.safetensors"))
-    g = MPGANPipeline.from_pretrained(str(run / "pipeline")).gan.net.eval()
+    g = MPGANPipeline.from_pretrained(str(run / "pipeline"), use_safetensors=True).gan.net.eval()
     y = torch.arange(n_images) % net.num_classes
     plain = torch.full_like(y, TEXTURES.index("plain"))
     z = draw_latents(n_images, g.cfg, torch.Generator().manual_seed(7))  # the training eval's latents

@@ -938,7 +938,7 @@ def test_gan_training_starts_from_another_runs_networks_and_may_add_positional_m
 
     config = MPGANPipeline.from_pretrained(out).gan.config
     assert "spectral_weight" not in config and "pixel_templates" not in config  # D only: not in G's config
-    with pytest.raises(ConfigError, match="spectral_weight"):
+    with pytest.raises(ConfigError, match="--spectral-weight"):
         train_gan(tmp_path / "e", _tiny_train(variant="r3gan", spectral_weight=-1.0))
     with pytest.raises(ConfigError, match="differs in widths"):
         train_gan(tmp_path / "c", _tiny_train(variant="r3gan", widths="64,32,32", init=str(tmp_path / "a")))
