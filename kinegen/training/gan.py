@@ -59,8 +59,6 @@ def network_config(cfg: GANTrainConfig, num_classes: int) -> GANConfig:
                           "--texture-labels true and --positional-channels too.")
     if cfg.noise_weight_init and not cfg.noise_inputs:
         raise ConfigError("--noise-weight-init sets the noise inputs' weights: set --noise-inputs true too.")
-    if cfg.noise_max_resolution and not cfg.noise_inputs:
-        raise ConfigError("--noise-max-resolution limits the noise inputs: set --noise-inputs true too.")
     if cfg.noise_per_texture and not (cfg.noise_inputs and cfg.texture_labels):
         raise ConfigError("--noise-per-texture gives the noise inputs a weight row per texture label: set "
                           "--noise-inputs true and --texture-labels true too.")
