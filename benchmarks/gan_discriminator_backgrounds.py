@@ -46,8 +46,13 @@ def retextured(n_images: int, resolution: int, blotch: float) -> tuple[dict[str,
     return out, labels
 
 
-@torch.no_grad()
-def texture_scores(run: Path, n_images: int, blotch: float) -> dict:
+def as_d_input(images: np.ndarray) -> torch.Tensor:
+    """uint8 HWC images -> D's input: float NCHW in [-1, 1]."""
+    return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1.0
+
+
+def load_discriminator(run: Path):
+    """The run's network settings and its checkpointed discriminator, in eval mode."""
     from safetensors.torch import load_model
 
     from kinegen.models.mpgan import Discriminator
@@ -56,10 +61,16 @@ def texture_scores(run: Path, n_images: int, blotch: float) -> dict:
     net = load_run_config(run)
     d = Discriminator(net).eval()
     load_model(d, str(run / "checkpoint" / "discriminator.safetensors"))
+    return net, d
+
+
+@torch.no_grad()
+def texture_scores(run: Path, n_images: int, blotch: float) -> dict:
+    net, d = load_discriminator(run)
     step = json.loads((run / "checkpoint" / "state.json").read_text())["step"]
     images, labels = retextured(n_images, net.resolution, blotch)
     y = torch.from_numpy(labels)
-    xs = {name: torch.from_numpy(imgs).permute(0, 3, 1, 2).float() / 127.5 - 1.0 for name, imgs in images.items()}
+    xs = {name: as_d_input(imgs) for name, imgs in images.items()}
     scores, spectral, templates = {}, {}, {}
     for name, x in xs.items():
         scores[name] = d(x, y).numpy()  # the whole logit, with SSD-GAN's spectral part when the run has one
@@ -87,19 +98,14 @@ def texture_scores(run: Path, n_images: int, blotch: float) -> dict:
 @torch.no_grad()
 def flattened_scores(run: Path, n_images: int) -> dict:
     """D on G's plain-labelled images, as drawn and with the background flattened; split by the reader's texture."""
-    from safetensors.torch import load_model
-
     from kinegen.data.shapes import TEXTURES
     from kinegen.evaluation.gan_backgrounds import OTHER, background_mask, read_base, read_texture
-    from kinegen.models.mpgan import Discriminator, draw_latents
+    from kinegen.models.mpgan import draw_latents
     from kinegen.pipelines import MPGANPipeline
-    from kinegen.training.gan import load_run_config
 
-    net = load_run_config(run)
+    net, d = load_discriminator(run)
     if not net.num_textures or not (run / "pipeline").is_dir():
         raise SystemExit(f"--generated: {run} needs texture labels and an exported pipeline (RUN/pipeline)")
-    d = Discriminator(net).eval()
-    load_model(d, str(run / "checkpoint" / "discriminator.safetensors"))
     g = MPGANPipeline.from_pretrained(str(run / "pipeline"), use_safetensors=True).gan.net.eval()
     y = torch.arange(n_images) % net.num_classes
     plain = torch.full_like(y, TEXTURES.index("plain"))
@@ -116,7 +122,7 @@ def flattened_scores(run: Path, n_images: int) -> dict:
         out[mask] = np.median(img[mask].astype(np.float32), axis=0).round().astype(np.uint8)
 
     def score(images: np.ndarray) -> np.ndarray:
-        return d(torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1.0, y, plain).numpy()
+        return d(as_d_input(images), y, plain).numpy()
 
     as_drawn, flattened, reads = score(drawn), score(flat), np.array(reads)
     rows = {}
