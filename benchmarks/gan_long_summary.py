@@ -33,7 +33,7 @@ VARIANT_STYLE = {"mp": ("tab:blue", "MP-GAN"), "r3gan": ("tab:red", "R3GAN")}
 SEED_STYLE = ["-", "--", ":", "-."]
 FINAL_KEYS = [("class_accuracy", "class accuracy", "{:.1%}"), ("modes_covered", "modes", "{:.0f}"),
               ("fd", "FD", "{:.2f}"), ("kid", "KID x1000", "{:.2f}"), ("precision", "precision", "{:.2f}"),
-              ("recall", "recall", "{:.2f}")]
+              ("recall", "recall", "{:.2f}"), ("class_spread", "class spread", "{:.2f}")]
 
 
 def by_step(lines: list[str]) -> list[dict]:
