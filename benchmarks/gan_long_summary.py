@@ -57,8 +57,9 @@ def names() -> list[str]:
     return sorted(found)
 
 
-def plot_curves(plt, runs: dict, path: Path, style=None) -> None:
-    """One panel per metric (EVAL_KEYS, then D's margins), x in thousands of training images."""
+def plot_curves(plt, runs: dict, path: Path, style=None, log_fd: bool = False) -> None:
+    """One panel per metric (EVAL_KEYS, then D's margins), x in thousands of training images; ``style(name)``
+    gives a run's line style and label (default: matplotlib's cycle, the run's name)."""
     fig, axes = plt.subplots(3, 3, figsize=(13, 10))
     for ax, (key, title) in zip(axes.flat, EVAL_KEYS + MARGINS, strict=True):
         for n, (ev, log) in runs.items():
@@ -66,7 +67,7 @@ def plot_curves(plt, runs: dict, path: Path, style=None) -> None:
             if rows:
                 ax.plot([r["step"] * 32 / 1000 for r in rows], [r[key] for r in rows],
                         **(style(n) if style else {"label": n}))
-        if key in ("fd", "kid") and style:
+        if key in ("fd", "kid") and log_fd:
             ax.set_yscale("symlog", linthresh=1.0)  # from ~250 down to ~0.3: the end matters as much as the start
         ax.set_title(title)
         ax.set_xlabel("thousand images")
@@ -124,7 +125,7 @@ def main() -> None:
         colour, label = VARIANT_STYLE[variant]
         return {"color": colour, "linestyle": SEED_STYLE[int(seed) % len(SEED_STYLE)], "label": f"{label}, seed {seed}"}
 
-    plot_curves(plt, compared, RESULTS / "mp_vs_r3gan.png", style)
+    plot_curves(plt, compared, RESULTS / "mp_vs_r3gan.png", style, log_fd=True)
 
     print("\n## Every run: its last training evaluation (600 images)\n")
     print("| run | step | images | class accuracy | modes | FD | KID | precision | recall | backgrounds TV "
