@@ -51,22 +51,11 @@ def as_d_input(images: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1.0
 
 
-def load_discriminator(run: Path):
-    """The run's network settings and its checkpointed discriminator, in eval mode."""
-    from safetensors.torch import load_model
-
-    from kinegen.models.mpgan import Discriminator
-    from kinegen.training.gan import load_run_config
-
-    net = load_run_config(run)
-    d = Discriminator(net).eval()
-    load_model(d, str(run / "checkpoint" / "discriminator.safetensors"))
-    return net, d
-
-
 @torch.no_grad()
 def texture_scores(run: Path, n_images: int, blotch: float) -> dict:
-    net, d = load_discriminator(run)
+    from kinegen.training.gan import load_run_discriminator
+
+    net, d = load_run_discriminator(run)
     step = json.loads((run / "checkpoint" / "state.json").read_text())["step"]
     images, labels = retextured(n_images, net.resolution, blotch)
     y = torch.from_numpy(labels)
@@ -102,8 +91,9 @@ def flattened_scores(run: Path, n_images: int) -> dict:
     from kinegen.evaluation.gan_backgrounds import OTHER, background_mask, read_base, read_texture
     from kinegen.models.mpgan import draw_latents
     from kinegen.pipelines import MPGANPipeline
+    from kinegen.training.gan import load_run_discriminator
 
-    net, d = load_discriminator(run)
+    net, d = load_run_discriminator(run)
     if not net.num_textures or not (run / "pipeline").is_dir():
         raise SystemExit(f"--generated: {run} needs texture labels and an exported pipeline (RUN/pipeline)")
     g = MPGANPipeline.from_pretrained(str(run / "pipeline"), use_safetensors=True).gan.net.eval()

@@ -51,12 +51,10 @@ def period(texture: str, size: int) -> int:
 def load_run(run: Path):
     from safetensors.torch import load_model
 
-    from kinegen.models.mpgan import Discriminator, Generator
-    from kinegen.training.gan import load_run_config
+    from kinegen.models.mpgan import Generator
+    from kinegen.training.gan import load_run_discriminator
 
-    net = load_run_config(run)
-    d = Discriminator(net).eval()
-    load_model(d, str(run / "checkpoint" / "discriminator.safetensors"))
+    net, d = load_run_discriminator(run)
     g = Generator(net).eval()
     load_model(g, str(run / "checkpoint" / "generator.safetensors"))
     step = json.loads((run / "checkpoint" / "state.json").read_text())["step"]

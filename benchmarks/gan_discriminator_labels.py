@@ -18,16 +18,11 @@ import torch
 
 @torch.no_grad()
 def label_preference(run: Path, n_images: int) -> dict:
-    from safetensors.torch import load_model
-
     from kinegen.data.shape_images import DEFAULT_CLASSES
     from kinegen.evaluation.gan_metrics import reference_images
-    from kinegen.models.mpgan import Discriminator
-    from kinegen.training.gan import load_run_config
+    from kinegen.training.gan import load_run_discriminator
 
-    net = load_run_config(run)
-    d = Discriminator(net).eval()
-    load_model(d, str(run / "checkpoint" / "discriminator.safetensors"))
+    net, d = load_run_discriminator(run)
     step = json.loads((run / "checkpoint" / "state.json").read_text())["step"]
     images, labels = reference_images(n_images, net.resolution)
     if net.mbstd_group:  # score each class on its own, whole groups only: D's groups hold one class, as in training

@@ -684,6 +684,22 @@ def _tiny_train(**kw):
     return GANTrainConfig(**{**base, **kw})
 
 
+def test_load_run_discriminator_rebuilds_the_checkpointed_d(tmp_path):
+    from safetensors.torch import load_file
+
+    from kinegen.errors import ConfigError
+    from kinegen.training.gan import load_run_discriminator, train_gan
+
+    train_gan(tmp_path / "run", _tiny_train(variant="r3gan"))
+    net, d = load_run_discriminator(tmp_path / "run")
+    assert net.resolution == 16 and net.widths == (64, 64, 32) and not d.training
+    saved = load_file(str(tmp_path / "run" / "checkpoint" / "discriminator.safetensors"))
+    assert saved.keys() == d.state_dict().keys()
+    assert all(torch.equal(v, d.state_dict()[k]) for k, v in saved.items())
+    with pytest.raises(ConfigError, match="no checkpoint/discriminator.safetensors"):
+        load_run_discriminator(tmp_path)
+
+
 def test_gan_training_resumes_and_exports_a_post_hoc_ema(tmp_path):
     import json
 

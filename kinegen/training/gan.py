@@ -451,6 +451,19 @@ def load_run_config(run_dir: str | Path) -> GANConfig:
     return GANConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in net.items()})
 
 
+def load_run_discriminator(run_dir: str | Path) -> tuple[GANConfig, Discriminator]:
+    """A run's network configuration and its checkpointed discriminator (``RUN/checkpoint``), in eval mode."""
+    from safetensors.torch import load_model
+
+    path = Path(run_dir) / "checkpoint" / "discriminator.safetensors"
+    if not path.is_file():
+        raise ConfigError(f"{run_dir} has no {path.relative_to(run_dir)}; pass the --run folder of kinegen train gan.")
+    net = load_run_config(run_dir)
+    d = Discriminator(net).eval()
+    load_model(d, str(path))
+    return net, d
+
+
 EVAL_FIELDS = ("class_accuracy", "modes_covered", "fd", "kid", "precision", "recall", "class_spread",
                "background_pair_tv", "background_colour_tv_by_class", "background_other")
 
