@@ -27,6 +27,7 @@ import numpy as np
 import kinegen
 from kinegen.evaluation.adherence import ATTRIBUTES, adherence_prompts, classify, load_classifier
 from kinegen.profiling.metrics import psnr
+from kinegen.sparse_attn.hva import MIN_TOKENS
 
 CONFIGS = {
     "dense": [],
@@ -63,13 +64,17 @@ def main():
     ap.add_argument("--summary", action="store_true", help="write the summary from the prompts done so far")
     ap.add_argument("--order", choices=("forward", "reverse"), default="forward",
                     help="prompt order; a second lane on the same --output runs reverse")
+    ap.add_argument("--min-tokens", type=int, default=MIN_TOKENS,
+                    help=f"the sparse methods' min_tokens (default: theirs, {MIN_TOKENS}; grids below it run dense)")
     args = ap.parse_args()
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     bad = [c for c in configs if c not in CONFIGS]
     if bad or not configs:
         ap.error(f"unknown configuration(s) {bad}; choose from {', '.join(CONFIGS)}")
     size = {k: v for k, v in (("frames", args.frames), ("height", args.height), ("width", args.width)) if v}
-    settings = {"configs": configs, **size}
+    settings = {"configs": configs, **size, "min_tokens": args.min_tokens}
+    sparse = {"hva": f"hva:min_tokens={args.min_tokens}", "svg2": f"svg2:min_tokens={args.min_tokens}"}
+    runs = {name: [sparse.get(a, a) for a in accelerators] for name, accelerators in CONFIGS.items()}
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_suffix(".partial.jsonl")
@@ -96,7 +101,7 @@ def main():
                 continue
             frames, rec = {}, {"prompt": prompt, "truth": truth, "seed": i, "psnr": {}, "warnings": {}}
             for name in configs:
-                res = kinegen.generate(pipe, prompt, seed=i, accelerators=CONFIGS[name], **size)
+                res = kinegen.generate(pipe, prompt, seed=i, accelerators=runs[name], **size)
                 frames[name] = res.frames
                 rec[name] = classify(classifier, res.frames)
                 for st in res.accelerators:

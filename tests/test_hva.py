@@ -22,7 +22,7 @@ from kinegen.sparse_attn.clustering import (
     update_centroids,
     window_grid,
 )
-from kinegen.sparse_attn.hva import HVAConfig, HVAttention, KMeansSparseAttention, KMeansSparseConfig
+from kinegen.sparse_attn.hva import MIN_TOKENS, HVAConfig, HVAttention, KMeansSparseAttention, KMeansSparseConfig
 
 GRID = (4, 8, 8)
 
@@ -369,7 +369,7 @@ def test_grids_too_small_to_pay_run_dense_and_say_so(wan, spec, forced):
     st = res.accelerators[0]
     n_layers = len(wan.transformer.blocks)
     assert st["sparse_calls"] == 0 and st["small_calls"] == 2 * (4 - 1) * (n_layers - 1)  # past warm-up and layer 0
-    assert re.search(r"^\S+: \d+ video tokens per attention call is below min_tokens=8192", st["warning"])
+    assert re.search(rf"^\S+: \d+ video tokens per attention call is below min_tokens={MIN_TOKENS}", st["warning"])
     assert "ran dense" in st["warning"] and "min_tokens=0" in st["warning"]
     forced = kinegen.generate(wan, "a red circle", seed=0, steps=4, accelerators=[forced])
     assert forced.accelerators[0]["sparse_calls"] > 0 and "warning" not in forced.accelerators[0]

@@ -34,7 +34,10 @@ from . import blocks as B
 from .block_sparse import BACKENDS
 from .clustering import ClusterState, global_kmeans, local_kmeans, refine
 
-MIN_TOKENS = 8192  # video tokens per call below which pipelines run dense (see HVAConfig.min_tokens)
+# Video tokens per call below which pipelines run dense (see HVAConfig.min_tokens): every grid where HVA was measured
+# no faster than dense is below it (2 CPU cores: 8,640 and 15,360 tokens; one H200: Wan 480p, 32,760), the one where
+# it was faster is above (H200: Wan 720p, 75,600). docs/sparse_attention.md, "Small grids run dense".
+MIN_TOKENS = 32768
 
 
 @dataclasses.dataclass
@@ -85,8 +88,9 @@ class HVAConfig:
         dense_warmup: in pipelines, the share of denoising steps (the first ones) run with dense attention.
         dense_layers: in pipelines, leading transformer layers that stay dense.
         min_tokens: in pipelines, calls with fewer video tokens run dense, and the stats warn (0: always sparse).
-            Below a few thousand tokens clustering costs more than the attention it saves and the prompt is at
-            risk (docs/sparse_attention.md, "Small grids run dense").
+            Below it HVA was measured no faster than dense (clustering, layout and the sparse executor cost what
+            the skipped attention saves) while the prompt is at risk (docs/sparse_attention.md, "Small grids run
+            dense").
     """
 
     top_p: float | None = 0.7
