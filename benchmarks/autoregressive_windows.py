@@ -96,6 +96,10 @@ def main(argv=None) -> int:
     ap.add_argument("--guidance", type=float, default=None, help="--method ar: guidance scale (default: the model's)")
     ap.add_argument("--context-noise", type=float, default=None,
                     help="--method ar: the noise level chunks are committed at (default: the model's)")
+    ap.add_argument("--window-frames", type=int, default=None,
+                    help="--method ar: the KV cache's rolling window in latent frames (default: the model's)")
+    ap.add_argument("--sink-frames", type=int, default=None,
+                    help="--method ar: the KV cache's frame sink in latent frames (default: the model's)")
     ap.add_argument("--prompt-seed", type=int, default=1,
                     help="prompts: adherence_prompts(n, split, seed=this); 1 = the benchmark's, others for tuning")
     ap.add_argument("--vae", default=None, help="decode with this VAE folder instead of the model's (one with the "
@@ -114,6 +118,11 @@ def main(argv=None) -> int:
         if args.method != "ar":
             raise SystemExit("--context-noise is a setting of chunk-by-chunk models (--method ar)")
         pipe.register_to_config(context_noise=args.context_noise)
+    for key in ("window_frames", "sink_frames"):
+        if getattr(args, key) is not None:
+            if args.method != "ar":
+                raise SystemExit(f"--{key.replace('_', '-')} is a setting of chunk-by-chunk models (--method ar)")
+            pipe.register_to_config(**{key: getattr(args, key)})
     if args.vae:
         from diffusers import AutoencoderKLWan
 
@@ -158,6 +167,7 @@ def main(argv=None) -> int:
         "history": args.history if args.method == "window-extend" else None, "frames": args.frames,
         "guidance": args.guidance, "prompt_seed": args.prompt_seed,
         "context_noise": pipe.config.get("context_noise") if args.method == "ar" else None,
+        **({k: pipe.config.get(k) for k in ("sink_frames", "window_frames")} if args.method == "ar" else {}),
         "split": args.split, "prompts": args.prompts, "windows_per_video": n,
         "right": {a: share(a) for a in ("shape", "colour", "motion")},
         "first_quarter": {a: share(a, slice(0, q)) for a in ("shape", "colour", "motion")},
