@@ -17,8 +17,10 @@ import torch
 from kinegen.sparse_attn import blocks as B
 from kinegen.sparse_attn.varlen import (
     KeyListLayout,
+    _runs,
     key_lists,
     varlen_attention,
+    varlen_attention_gather,
     varlen_attention_reference,
     varlen_attention_triton,
 )
@@ -112,6 +114,23 @@ def test_backends_match_reference_and_brute_force():
     ref = varlen_attention_reference(q, k, v, lay, scale=0.3)
     torch.testing.assert_close(ref, brute_force(q, k, v, q_labels, k_labels, keep, 0.3), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(varlen_attention(q, k, v, lay, backend="gather", scale=0.3), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_gather_runs_bound_their_padding_and_give_the_same_output():
+    """The gather backend cuts its batches where a list is more than ``pad`` longer than the run's first (each run
+    pads to its longest list), besides query-row changes; any cut gives the same output."""
+    rows = torch.tensor([64, 64, 64, 64, 64, 128, 128])
+    lens = torch.tensor([100, 105, 130, 140, 300, 50, 200])
+    spans = [r.tolist() for r in _runs(rows, rows * lens, 1, lens, pad=0.1)]
+    assert spans == [[0, 1], [2, 3], [4], [5], [6]]  # 130 > 1.1 x 100, 300 > 1.1 x 130; 128 rows start anew
+    assert [r.tolist() for r in _runs(rows, rows * lens, 1)] == [[0, 1, 2, 3, 4], [5, 6]]  # query rows only
+    for span in spans:  # no run pads more than 10% of its first list
+        assert max(lens[span]) <= 1.1 * lens[span[0]]
+    q, k, v, q_labels, k_labels, keep, lay = random_case(seed=3, N=300, Kq=12, Kk=15)
+    one = varlen_attention_gather(q, k, v, lay, buckets=1, pad=1e9)
+    for pad in (0.0, 0.1, 0.5):
+        torch.testing.assert_close(varlen_attention_gather(q, k, v, lay, pad=pad), one, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(one, varlen_attention_reference(q, k, v, lay), atol=1e-5, rtol=1e-5)
 
 
 def test_padding_and_other_clusters_are_never_attended():

@@ -212,24 +212,34 @@ def varlen_attention_reference(q: Tensor, k: Tensor, v: Tensor, layout: KeyListL
 # ---------------------------------------------------------------------------- gather + SDPA
 
 
-def _runs(q_rows: Tensor, work: Tensor, n: int) -> list[Tensor]:
+def _runs(q_rows: Tensor, work: Tensor, n: int, lengths: Tensor | None = None, pad: float = 0.0) -> list[Tensor]:
     """Cut a sorted sequence of batch elements into runs: wherever the query rows change (so no run pads
-    its queries) and at ``n - 1`` points of equal cumulative ``work`` (so long runs also split by list
-    length). Returns index ranges into the sequence."""
+    its queries), at ``n - 1`` points of equal cumulative ``work`` (so long runs also split by list length)
+    and, given the elements' ``lengths`` (ascending within equal query rows), wherever a length exceeds the
+    run's first by more than a share ``pad`` (a run pads every list to its longest, so then at most that
+    share of its keys is padding). Returns index ranges into the sequence."""
     if work.numel() == 0:
         return []
     cum = work.double().cumsum(0)
     cuts = torch.searchsorted(cum, cum[-1] * torch.arange(1, n, device=work.device, dtype=torch.double) / n)
     change = (q_rows[1:] != q_rows[:-1]).nonzero().flatten() + 1
-    edges = sorted({0, work.numel(), *cuts.tolist(), *change.tolist()})
+    edges = {0, work.numel(), *cuts.tolist(), *change.tolist()}
+    if lengths is not None:
+        rows, lens, first = q_rows.tolist(), lengths.tolist(), 0
+        for i in range(1, len(lens)):
+            if rows[i] != rows[i - 1] or lens[i] > (1 + pad) * lens[first]:
+                edges.add(i)
+                first = i
+    edges = sorted(edges)
     return [torch.arange(a, b, device=work.device) for a, b in zip(edges[:-1], edges[1:], strict=True) if b > a]
 
 
 GATHER_BUCKETS = 4
+GATHER_PAD = 0.1
 
 
 def varlen_attention_gather(q: Tensor, k: Tensor, v: Tensor, layout: KeyListLayout, scale: float | None = None,
-                            buckets: int = GATHER_BUCKETS) -> Tensor:
+                            buckets: int = GATHER_BUCKETS, pad: float = GATHER_PAD) -> Tensor:
     """Batched SDPA, one batch element per (group, query cluster): its query tiles and its key list gathered
     (``[P, Q, D]`` and ``[P, L, D]``), keys past the list masked out.
 
@@ -255,7 +265,7 @@ def varlen_attention_gather(q: Tensor, k: Tensor, v: Tensor, layout: KeyListLayo
     g_of = torch.div(order, Kq, rounding_mode="floor")
     q_flat, k_flat, v_flat = q.reshape(G * N, D), k.reshape(G * Nk, D), v.reshape(G * Nk, Dv)
     out_slots = torch.zeros(G * lq + 1, Dv, dtype=q.dtype, device=dev)  # last row: sink for unused rows
-    for run in _runs(q_rows[order], q_rows[order] * list_rows[order], buckets):
+    for run in _runs(q_rows[order], q_rows[order] * list_rows[order], buckets, list_rows[order], pad):
         p, g = order[run], g_of[run]
         nq, nl = int(q_rows[p].max()), int(list_rows[p].max())
         r = torch.arange(nq, device=dev)
