@@ -34,10 +34,10 @@ from . import blocks as B
 from .block_sparse import BACKENDS
 from .clustering import ClusterState, global_kmeans, local_kmeans, refine
 
-# Video tokens per call below which pipelines run dense (see HVAConfig.min_tokens): every grid where HVA was measured
-# no faster than dense is below it (2 CPU cores: 8,640 and 15,360 tokens; one H200: Wan 480p, 32,760), the one where
-# it was faster is above (H200: Wan 720p, 75,600). docs/sparse_attention.md, "Small grids run dense".
-MIN_TOKENS = 32768
+# Video tokens per call below which pipelines run dense (see HVAConfig.min_tokens): above the bundled model's sizes
+# (at most 8,640 tokens, where HVA gained 1.15x on two CPU cores but the prompt was at risk), below 15,360 tokens
+# (1.29x). docs/sparse_attention.md, "Small grids run dense".
+MIN_TOKENS = 12288
 
 
 @dataclasses.dataclass

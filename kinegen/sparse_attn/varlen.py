@@ -245,9 +245,12 @@ def varlen_attention_gather(q: Tensor, k: Tensor, v: Tensor, layout: KeyListLayo
 
     The non-empty (group, cluster) pairs are sorted by query tiles, then padded list length, and cut into
     runs (:func:`_runs`): one per distinct query-tile count, split further at ``buckets - 1`` equal-work
-    points. Each run pads only to its own longest list, so a few SDPA calls (not one per cluster) do ~1.1x
-    the executed pairs (one run: 2.4x; sorting by list length only: 2.1x at 4 runs, on the benchmark
-    below). Reads the run shapes from the device."""
+    points and wherever a list is more than ``pad`` longer than its run's first. Each run pads only to its
+    own longest list. Without the ``pad`` cut, on q, k, v captured from the bundled model at 15,360 tokens
+    (4 heads, 128 query clusters, executed density 0.42), the runs' SDPA calls computed 0.62 of the dense
+    pairs, 1.5x the executed ones, and the call took 1.29x dense SDPA's time on two threads; with ``pad`` 0.1,
+    0.85x (0.58x on one thread, against 0.97x); 0.05 was no faster, 0.3 a little slower. Reads the run shapes
+    from the device."""
     _check(q, k, v, layout)
     G, N, D = q.shape
     Nk, Dv = k.shape[1], v.shape[-1]
