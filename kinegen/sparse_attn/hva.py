@@ -88,9 +88,9 @@ class HVAConfig:
         dense_warmup: in pipelines, the share of denoising steps (the first ones) run with dense attention.
         dense_layers: in pipelines, leading transformer layers that stay dense.
         min_tokens: in pipelines, calls with fewer video tokens run dense, and the stats warn (0: always sparse).
-            Below it HVA was measured no faster than dense (clustering, layout and the sparse executor cost what
-            the skipped attention saves) while the prompt is at risk (docs/sparse_attention.md, "Small grids run
-            dense").
+            Below it HVA gains little (clustering, layout and the sparse executor cost most of what the skipped
+            attention saves: at most 1.15x on two CPU cores at the bundled model's sizes) while the prompt is at
+            risk (docs/sparse_attention.md, "Small grids run dense").
     """
 
     top_p: float | None = 0.7
