@@ -114,11 +114,7 @@ def main(argv=None) -> int:
 
     pipe = kinegen.load_pipeline(args.model)
     pipe.set_progress_bar_config(disable=True)
-    if args.context_noise is not None:
-        if args.method != "ar":
-            raise SystemExit("--context-noise is a setting of chunk-by-chunk models (--method ar)")
-        pipe.register_to_config(context_noise=args.context_noise)
-    for key in ("window_frames", "sink_frames"):
+    for key in ("context_noise", "window_frames", "sink_frames"):
         if getattr(args, key) is not None:
             if args.method != "ar":
                 raise SystemExit(f"--{key.replace('_', '-')} is a setting of chunk-by-chunk models (--method ar)")
