@@ -35,15 +35,17 @@ Backends (:func:`varlen_attention`):
   query tile), looping over its list in steps of ``block`` with indirect loads of K and V rows (CUDA, or
   ``TRITON_INTERPRET=1`` on CPU for correctness runs).
 
-``auto`` picks ``triton`` on CUDA and ``gather`` elsewhere: on a 2-core x86 CPU (shared, load ~5), one
-thread, torch 2.13, G=4 heads, N=8192 tokens, D=64, 64 query / 256 key clusters of uneven sizes (nearest
-of random centres on an 8x32x32 grid: 16-304 and 1-166 tokens), 25% of key clusters kept per query
-cluster, fp32, T = block = 64, interleaved, median of 5 (two runs): ``gather`` 1.07 / 1.12 s, ``flex``
-1.72 / 1.78 s; the same keep through the tile layout (``block_sparse_attention(backend="flex")``) 4.17 /
-4.07 s; dense SDPA 1.90 s. Executed density 0.313 by the key-list rule vs 0.637 by the tile rule (useful
-0.251). In ``flex`` the compiled kernel alone takes ~1.2-1.3 s (SDPA in ``gather``: ~0.7 s for about the
-same work) and gathering the duplicated keys (2 x Lkv x D, Lkv = 16 N here) most of the rest. Building
-the layout takes ~40 ms (the tile layout ~35 ms).
+``auto`` picks ``triton`` on CUDA and ``gather`` elsewhere. On attention captured from the bundled model the
+gather backend now takes 0.85x dense SDPA's time (:func:`varlen_attention_gather` has the figures). The first
+synthetic comparison, before ``gather`` cut its runs by list length (so its figures for ``gather`` are the older
+executor's): on a 2-core x86 CPU (shared, load ~5), one thread, torch 2.13, G=4 heads, N=8192 tokens, D=64, 64
+query / 256 key clusters of uneven sizes (nearest of random centres on an 8x32x32 grid: 16-304 and 1-166
+tokens), 25% of key clusters kept per query cluster, fp32, T = block = 64, interleaved, median of 5 (two runs):
+``gather`` 1.07 / 1.12 s, ``flex`` 1.72 / 1.78 s; the same keep through the tile layout
+(``block_sparse_attention(backend="flex")``) 4.17 / 4.07 s; dense SDPA 1.90 s. Executed density 0.313 by the
+key-list rule vs 0.637 by the tile rule (useful 0.251). In ``flex`` the compiled kernel alone takes ~1.2-1.3 s
+(SDPA in ``gather``: ~0.7 s for about the same work) and gathering the duplicated keys (2 x Lkv x D, Lkv = 16 N
+here) most of the rest. Building the layout takes ~40 ms (the tile layout ~35 ms).
 Triton is imported lazily: importing this module never imports it (``TRITON_INTERPRET`` is read when
 triton is first imported).
 """
@@ -222,9 +224,10 @@ def _runs(q_rows: Tensor, work: Tensor, n: int, lengths: Tensor | None = None, p
         return []
     cum = work.double().cumsum(0)
     cuts = torch.searchsorted(cum, cum[-1] * torch.arange(1, n, device=work.device, dtype=torch.double) / n)
-    change = (q_rows[1:] != q_rows[:-1]).nonzero().flatten() + 1
-    edges = {0, work.numel(), *cuts.tolist(), *change.tolist()}
-    if lengths is not None:
+    edges = {0, work.numel(), *cuts.tolist()}
+    if lengths is None:
+        edges.update(((q_rows[1:] != q_rows[:-1]).nonzero().flatten() + 1).tolist())
+    else:  # one pass: a change of query rows, or a list too long for its run, starts a new run
         rows, lens, first = q_rows.tolist(), lengths.tolist(), 0
         for i in range(1, len(lens)):
             if rows[i] != rows[i - 1] or lens[i] > (1 + pad) * lens[first]:
