@@ -206,6 +206,41 @@ def test_teacher_forcing_in_one_forward_is_what_the_sampler_computes(wan, contex
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("guidance", [1.0, 2.0])
+def test_a_training_rollout_is_what_the_sampler_generates(ar, guidance):
+    """`kinegen train ar --rollout-prob`'s history: rolled out from the start it is, latent for latent, the
+    pipeline's own video (same noise, context noise, guidance, steps); rolled out from a later chunk it keeps the
+    real chunks around the ones it generates, and the model is left as it was."""
+    from kinegen.training.ar import chunk_ids, rollout, rollout_span
+
+    tr, prompt = ar.transformer, "a red circle moving right"
+    kw = dict(height=32, width=32, num_frames=17, num_inference_steps=3, guidance_scale=guidance, context_noise=0.2,
+              chunk_frames=2)
+    video = ar(prompt, generator=torch.Generator().manual_seed(0), output_type="latent", **kw).frames
+    text = ar._embeds(prompt, None, guidance, "cpu")
+    ids = chunk_ids(video.shape[2], 2)  # [0, 1, 1, 2, 2]
+    positions = torch.arange(video.shape[2])[None]
+    state = make_causal(tr)
+    try:
+        ours = rollout(tr, state, torch.zeros_like(video), positions, text, ids, 0, int(ids.max()) + 1,
+                       ar.scheduler, 3, guidance, 0.2, torch.Generator().manual_seed(0))
+        torch.testing.assert_close(ours, video, rtol=0, atol=1e-5)
+        real = torch.randn(video.shape, generator=torch.Generator().manual_seed(1))
+        part = rollout(tr, state, real, positions, text, ids, 1, 1, ar.scheduler, 3, guidance, 0.2,
+                       torch.Generator().manual_seed(0))
+        assert state.cached_frames == [] and state.chunk_ids is None and not state.commit
+    finally:
+        state.remove()
+    generated = ids == 1
+    torch.testing.assert_close(part[:, :, ~generated], real[:, :, ~generated], rtol=0, atol=0)
+    assert (part[:, :, generated] - real[:, :, generated]).abs().mean() > 0.1
+    spans = {rollout_span(5, 2, torch.Generator().manual_seed(s)) for s in range(64)}
+    assert spans == {(2, 1), (3, 1), (2, 2)}  # two real chunks before, at least one after
+    with pytest.raises(ValueError, match="at least 4 chunks"):
+        rollout_span(3, 2, torch.Generator())
+
+
+@torch.no_grad()
 def test_rolling_window_keeps_sinks_and_recent_frames_and_flat_memory(ar):
     kw = dict(height=32, width=32, num_frames=33, chunk_frames=2, num_inference_steps=1,
               generator=torch.Generator().manual_seed(0))
@@ -420,6 +455,13 @@ def test_diffusion_forcing_trains_resumes_and_exports_a_causal_pipeline(tmp_path
     noised = tmp_path / "context-noise"
     assert main(["train", "ar", "--run", str(noised), *args[4:], "--steps", "2", "--context-noise", "0.2"]) == 0
     assert kinegen.load_pipeline(str(noised / "pipeline")).config.context_noise == 0.2
+    # Teacher forcing on the model's own rollouts (every step), on windows of 4 chunks (25 frames) or more.
+    rolled = tmp_path / "rollouts"
+    rollouts = ["--steps", "2", "--rollout-prob", "1", "--rollout-steps", "2", "--guidance", "2"]
+    assert main(["train", "ar", "--run", str(rolled), *args[4:], "--frames", "25", *rollouts]) == 0
+    assert json.loads((rolled / "checkpoint" / "state.json").read_text())["step"] == 2
+    assert main(["train", "ar", "--run", str(tmp_path / "short"), *args[4:], *rollouts]) == 2  # 9 frames: 2 chunks
+    assert not (tmp_path / "short").exists()
     assert main(["train", "ar", "--run", str(tmp_path / "bad"), *args[4:], "--steps", "2", "--context-noise", "1"]) == 2
     assert not (tmp_path / "bad").exists()
 

@@ -89,7 +89,7 @@ def run(args) -> int:
 _RANGES = {"seed": (0, None), "crop": (8, 64), "size": (8, None), "resolution": (8, None), "cfg_dropout": (0, 1),
            "ema": (0, 1), "out_gain_init": (None, None), "offset_prob": (0, 1), "clean_prob": (0, 1),
            "sink_frames": (0, None), "max_start": (0, None),
-           "recycle_prob": (0, 1), "recycle_sigma": (0, 1), "context_noise": (0, 0.99),
+           "recycle_prob": (0, 1), "recycle_sigma": (0, 1), "context_noise": (0, 0.99), "rollout_prob": (0, 1),
            "describe_share": (0, 1), "both_weight": (0, None),
            "eval_every": (0, None), "eval_images": (24, None), "class_weight": (0, None),
            "g_class_share": (0, None),
@@ -128,6 +128,13 @@ def check_settings(args, cfg) -> None:
         _check_dasa(cfg)
     if args.what == "ar" and cfg.context_noise and not cfg.teacher_forcing:
         raise ConfigError("--context-noise noises the clean history of teacher forcing; keep --teacher-forcing true.")
+    if args.what == "ar" and cfg.rollout_prob and not cfg.teacher_forcing:
+        raise ConfigError("--rollout-prob gives teacher forcing a history the model rolled out itself; keep "
+                          "--teacher-forcing true.")
+    if args.what == "ar" and cfg.rollout_prob and cfg.frames < 12 * cfg.chunk_frames + 1:
+        raise ConfigError(f"--rollout-prob needs windows of at least 4 chunks (two real ones, one rolled out, one "
+                          f"after it): --frames {12 * cfg.chunk_frames + 1} or more at --chunk-frames "
+                          f"{cfg.chunk_frames}; got {cfg.frames}.")
     if getattr(cfg, "decoder_only", False) and not cfg.init:
         raise ConfigError("--decoder-only fine-tunes a trained VAE's decoder: pass --init VAE_FOLDER.")
     if args.what == "t2v":  # what train_t2v checks first, as errors rather than tracebacks

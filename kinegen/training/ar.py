@@ -32,6 +32,16 @@ Two more things bring training closer to inference:
   ``x_0_hat = x_t - s v_theta``; that estimate, with the model's blur and colour errors in it, is the history the
   noisy chunks are trained to continue from, while their targets stay the real video. A cheap stand-in for
   training on whole rollouts (one extra forward without gradients, not 20 steps per chunk).
+- **Its own rollouts** (``rollout_prob``, teacher forcing only; :func:`rollout`): the history of a step is the
+  window's first chunks from the real video, then up to ``rollout_chunks`` chunks the model generates itself
+  chunk by chunk from them, as the sampler does (``rollout_steps`` steps with the export's guidance, each chunk
+  committed to a KV cache noised to ``context_noise``), then the rest of the real window. Every noisy chunk is
+  still trained towards the real video, so a chunk after the rolled-out ones learns to continue the video from
+  history with the sampler's own accumulated errors in it (exposure bias: Self-Forcing trains on rollouts for
+  this reason; it matches them to a teacher's distribution by DMD, where our procedural videos give the real
+  continuation itself, bounces included, which no bidirectional teacher trained on clips from frame 0 knows).
+  The rolled-out chunks start from real history, so they stay close to the real trajectory, and the real
+  continuation stays a fair target.
 - **Noisy context** (``context_noise``, teacher forcing only): the clean copy is noised to this level,
   ``(1 - s) x_0 + s e`` at timestep ``1000 s``, as the exported pipeline (whose ``context_noise`` it sets) commits
   chunks; the model learns to continue from history whose fine detail it cannot trust.
@@ -50,8 +60,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..data.shapes import render_long_clip, sample_clip
+from ..models.shapes_t2v import build_scheduler
 from ..pipelines.causal_wan import KVCacheConfig, make_causal
-from ..pipelines.wan_ar import chunk_partition
+from ..pipelines.wan_ar import chunk_partition, context_latents
 from .common import Progress, TimeBox, cosine_lr, load_checkpoint
 from .configs import ARTrainConfig
 from .t2v import (
@@ -183,19 +194,22 @@ def forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, gen: tor
     return ((pred - (noise - x0)).square() * noisy).sum() / noisy.sum().clamp(min=1)
 
 
-def teacher_forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, gen: torch.Generator) -> torch.Tensor:
+def teacher_forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, gen: torch.Generator,
+                         history: torch.Tensor | None = None) -> torch.Tensor:
     """Teacher forcing in one forward, as the sampler runs: the clean window followed by a noisy copy (every chunk
     its own level); a noisy chunk sees the clean chunks before it and itself, a clean chunk the clean chunks up to
     its own (:func:`kinegen.pipelines.causal_wan.teacher_forcing_mask`), so every chunk is trained in the setting of
-    its denoising forwards at inference (a clean cache, committed chunk by chunk). With ``recycle_prob`` the clean
-    copy is the model's own one-step estimate of the window (error recycling)."""
+    its denoising forwards at inference (a clean cache, committed chunk by chunk). The clean copy is ``history``
+    where given (a window with chunks the model rolled out, :func:`rollout`), else with ``recycle_prob`` the
+    model's own one-step estimate of the window (error recycling), else the window itself; the targets are always
+    the window's."""
     b, f, chunks, tokens = x0.shape[0], x0.shape[2], int(ids.max()) + 1, _tokens(transformer, x0)
     noise = torch.randn(x0.shape, generator=gen)
     sig = _sigmas(b * chunks, cfg.flow_shift, gen).view(b, chunks)
     recycle = bool(torch.rand((), generator=gen) < cfg.recycle_prob)
     sig_back = torch.rand(sig.shape, generator=gen) * cfg.recycle_sigma
-    context = x0
-    if recycle:
+    context = x0 if history is None else history
+    if recycle and history is None:
         with torch.no_grad():
             state.chunk_ids, state.teacher_forcing = ids, False
             context = one_step_estimate(transformer, x0, sig_back, noise.flip(0), ids, tokens, text)  # other noise
@@ -234,6 +248,87 @@ def recycled_history(transformer, x0, sig, sig_back, noise, ids, tokens, text) -
     return torch.where(clean[:, ids].view(x0.shape[0], 1, -1, 1, 1), estimate, x0)
 
 
+@torch.no_grad()
+def rollout(transformer, state, x0, positions, text, ids, first: int, count: int, scheduler, steps: int,
+            guidance: float, context_noise: float, gen: torch.Generator) -> torch.Tensor:
+    """``x0`` ``[B, C, F, h, w]`` with chunks ``first .. first + count - 1`` replaced by the model's own, generated
+    as :class:`~kinegen.pipelines.WanAutoregressivePipeline` generates them: the chunks before ``first`` are
+    committed from ``x0`` to the KV cache, then each generated chunk is denoised from noise in ``steps`` steps of
+    ``scheduler`` against the cache and committed in turn (every commit noised to ``context_noise``, at timestep
+    ``1000 * context_noise``). Frames sit at ``positions`` ``[B, F]``; ``text`` is ``[uncond; cond]`` (``2B``
+    rows) with ``guidance > 1``, else the ``B`` conditional rows. Noise is drawn from ``gen`` in the pipeline's
+    order, so with ``first = 0`` and one sample this is the pipeline's rollout (tested)."""
+    b, channels, _, h, w = x0.shape
+    branches = text.shape[0] // b
+    if branches not in (1, 2) or text.shape[0] != branches * b:
+        raise ValueError(f"text has {text.shape[0]} rows for {b} samples; give B rows, or 2B ([uncond; cond]) "
+                         "with guidance")
+    out = x0.clone()
+    saved = (state.chunk_ids, state.teacher_forcing, state.frame_positions, state.commit)
+    state.chunk_ids, state.teacher_forcing = None, False
+    state.clear()
+
+    def forward(x, t, lo, commit):
+        state.frame_positions = positions[:, lo:lo + x.shape[2]].repeat(branches, 1)
+        state.commit = commit
+        timestep = torch.full((b * branches,), float(t))
+        return transformer(x.repeat(branches, 1, 1, 1, 1), timestep=timestep, encoder_hidden_states=text,
+                           return_dict=False)[0].float()
+
+    try:
+        for c in range(first + count):
+            frames = torch.nonzero(ids == c)[:, 0]
+            lo, n = int(frames[0]), len(frames)
+            if c >= first:
+                x = torch.randn((b, channels, n, h, w), generator=gen, dtype=torch.float32)
+                scheduler.set_timesteps(steps)
+                for t in scheduler.timesteps:
+                    pred = forward(x, t, lo, commit=False)
+                    if branches == 2:
+                        uncond, cond = pred.chunk(2)
+                        pred = uncond + guidance * (cond - uncond)
+                    x = scheduler.step(pred, t, x, return_dict=False)[0]
+                out[:, :, lo:lo + n] = x
+            if c < first + count - 1:  # the last generated chunk has no one after it to see it
+                forward(context_latents(out[:, :, lo:lo + n], context_noise, gen), 1000 * context_noise, lo, True)
+    finally:
+        state.clear()
+        state.chunk_ids, state.teacher_forcing, state.frame_positions, state.commit = saved
+    return out
+
+
+def rollout_span(chunks: int, most: int, gen: torch.Generator) -> tuple[int, int]:
+    """``(first, count)`` of the chunks a step rolls out: ``count`` from 1 to ``most``, after at least two real
+    chunks (the first frame and one chunk, which place the shape and show its motion, so the rollout stays near
+    the real trajectory) and before at least one (trained towards the real continuation of a history the model
+    made)."""
+    most = min(most, chunks - 3)
+    if most < 1:
+        raise ValueError(f"a rollout needs a window of at least 4 chunks; this one has {chunks}")
+    count = int(torch.randint(1, most + 1, (), generator=gen))
+    first = int(torch.randint(2, chunks - count, (), generator=gen))
+    return first, count
+
+
+def rolled_out(transformer, state, cross, tokenizer, text_encoder, x0, captions, ids, cfg: ARTrainConfig,
+               scheduler, gen: torch.Generator) -> torch.Tensor:
+    """A step's history with some chunks the model's own (:func:`rollout_span`, :func:`rollout`): the batch's
+    captions with the export's guidance (the unconditional branch the empty caption), the model in eval mode.
+    Leaves ``cross.pad_copies`` at the rollout's text; the caller sets it back."""
+    first, count = rollout_span(int(ids.max()) + 1, cfg.rollout_chunks, gen)
+    guided = cfg.guidance > 1
+    with torch.no_grad():
+        text, cross.pad_copies = encode_text_compact(tokenizer, text_encoder,
+                                                     [""] * len(captions) * guided + list(captions))
+    was_training = transformer.training
+    transformer.eval()
+    try:
+        return rollout(transformer, state, x0, state.frame_positions, text, ids, first, count, scheduler,
+                       cfg.rollout_steps, cfg.guidance, cfg.context_noise, gen)
+    finally:
+        transformer.train(was_training)
+
+
 def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
     """Encode the windows (once), then train or resume; exports ``run_dir/pipeline``."""
     from diffusers import WanPipeline
@@ -264,6 +359,7 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
     for block in transformer.blocks:
         block.attn2.set_processor(cross)
     state = make_causal(transformer)
+    scheduler = build_scheduler(cfg.flow_shift)  # the export's sampler, for the rollouts
     params = list(transformer.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.99))
     ckpt_modules = {"transformer": transformer, "ema_transformer": ema}
@@ -285,9 +381,17 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
         for g in opt.param_groups:
             g["lr"] = cosine_lr(step, cfg.steps, cfg.lr, warmup=100)
         with torch.no_grad():
-            text, cross.pad_copies = encode_text_compact(tokenizer, text_encoder, captions)
-        step_loss = teacher_forcing_loss if cfg.teacher_forcing else forcing_loss
-        loss = step_loss(transformer, state, x0, text, ids, cfg, gen)
+            text, pad_copies = encode_text_compact(tokenizer, text_encoder, captions)
+            cross.pad_copies = pad_copies
+        if cfg.teacher_forcing:
+            history = None
+            if cfg.rollout_prob and bool(torch.rand((), generator=gen) < cfg.rollout_prob):
+                history = rolled_out(transformer, state, cross, tokenizer, text_encoder, x0, captions, ids, cfg,
+                                     scheduler, gen)
+                cross.pad_copies = pad_copies
+            loss = teacher_forcing_loss(transformer, state, x0, text, ids, cfg, gen, history=history)
+        else:
+            loss = forcing_loss(transformer, state, x0, text, ids, cfg, gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -308,7 +412,6 @@ def export_ar_pipeline(folder: Path, base, transformer, cfg: ARTrainConfig) -> P
     from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
     from ..loading import write_generation_defaults
-    from ..models.shapes_t2v import build_scheduler
     from ..pipelines import WanAutoregressivePipeline
 
     transformer = copy.deepcopy(transformer)
