@@ -41,7 +41,8 @@ Two more things bring training closer to inference:
   this reason; it matches them to a teacher's distribution by DMD, where our procedural videos give the real
   continuation itself, bounces included, which no bidirectional teacher trained on clips from frame 0 knows).
   The rolled-out chunks start from real history, so they stay close to the real trajectory, and the real
-  continuation stays a fair target.
+  continuation stays a fair target. (Tried as a third stage; it did not help and is not in the shipped model:
+  benchmarks/autoregressive.md, "Training on its own rollouts".)
 - **Noisy context** (``context_noise``, teacher forcing only): the clean copy is noised to this level,
   ``(1 - s) x_0 + s e`` at timestep ``1000 s``, as the exported pipeline (whose ``context_noise`` it sets) commits
   chunks; the model learns to continue from history whose fine detail it cannot trust.
@@ -313,20 +314,21 @@ def rollout_span(chunks: int, most: int, gen: torch.Generator) -> tuple[int, int
 def rolled_out(transformer, state, cross, tokenizer, text_encoder, x0, captions, ids, cfg: ARTrainConfig,
                scheduler, gen: torch.Generator) -> torch.Tensor:
     """A step's history with some chunks the model's own (:func:`rollout_span`, :func:`rollout`): the batch's
-    captions with the export's guidance (the unconditional branch the empty caption), the model in eval mode.
-    Leaves ``cross.pad_copies`` at the rollout's text; the caller sets it back."""
+    captions with the export's guidance (the unconditional branch the empty caption), the model in eval mode;
+    ``cross`` (the training's cross-attention processor) is given the rollout's text padding and then its own back."""
     first, count = rollout_span(int(ids.max()) + 1, cfg.rollout_chunks, gen)
     guided = cfg.guidance > 1
+    was_training, pad_copies = transformer.training, cross.pad_copies
     with torch.no_grad():
         text, cross.pad_copies = encode_text_compact(tokenizer, text_encoder,
                                                      [""] * len(captions) * guided + list(captions))
-    was_training = transformer.training
     transformer.eval()
     try:
         return rollout(transformer, state, x0, state.frame_positions, text, ids, first, count, scheduler,
                        cfg.rollout_steps, cfg.guidance, cfg.context_noise, gen)
     finally:
         transformer.train(was_training)
+        cross.pad_copies = pad_copies
 
 
 def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
@@ -381,14 +383,12 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
         for g in opt.param_groups:
             g["lr"] = cosine_lr(step, cfg.steps, cfg.lr, warmup=100)
         with torch.no_grad():
-            text, pad_copies = encode_text_compact(tokenizer, text_encoder, captions)
-            cross.pad_copies = pad_copies
+            text, cross.pad_copies = encode_text_compact(tokenizer, text_encoder, captions)
         if cfg.teacher_forcing:
             history = None
             if cfg.rollout_prob and bool(torch.rand((), generator=gen) < cfg.rollout_prob):
                 history = rolled_out(transformer, state, cross, tokenizer, text_encoder, x0, captions, ids, cfg,
                                      scheduler, gen)
-                cross.pad_copies = pad_copies
             loss = teacher_forcing_loss(transformer, state, x0, text, ids, cfg, gen, history=history)
         else:
             loss = forcing_loss(transformer, state, x0, text, ids, cfg, gen)
