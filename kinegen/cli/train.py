@@ -126,11 +126,10 @@ def check_settings(args, cfg) -> None:
             raise ConfigError(f"{flag} {value} is not a folder; {hint}.")
     if args.what == "dasa":
         _check_dasa(cfg)
-    if args.what == "ar" and cfg.context_noise and not cfg.teacher_forcing:
-        raise ConfigError("--context-noise noises the clean history of teacher forcing; keep --teacher-forcing true.")
-    if args.what == "ar" and cfg.rollout_prob and not cfg.teacher_forcing:
-        raise ConfigError("--rollout-prob gives teacher forcing a history the model rolled out itself; keep "
-                          "--teacher-forcing true.")
+    for name, does in (("context_noise", "noises the clean history of teacher forcing"),
+                       ("rollout_prob", "gives teacher forcing a history the model rolled out itself")):
+        if args.what == "ar" and getattr(cfg, name) and not cfg.teacher_forcing:
+            raise ConfigError(f"--{name.replace('_', '-')} {does}; keep --teacher-forcing true.")
     if args.what == "ar" and cfg.rollout_prob and cfg.frames < 12 * cfg.chunk_frames + 1:
         raise ConfigError(f"--rollout-prob needs windows of at least 4 chunks (two real ones, one rolled out, one "
                           f"after it): --frames {12 * cfg.chunk_frames + 1} or more at --chunk-frames "
