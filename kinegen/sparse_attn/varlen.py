@@ -271,7 +271,8 @@ def varlen_attention_gather(q: Tensor, k: Tensor, v: Tensor, layout: KeyListLayo
     g_of = torch.div(order, Kq, rounding_mode="floor")
     q_flat, k_flat, v_flat = q.reshape(G * N, D), k.reshape(G * Nk, D), v.reshape(G * Nk, Dv)
     out_slots = torch.zeros(G * lq + 1, Dv, dtype=q.dtype, device=dev)  # last row: sink for unused rows
-    for run in _runs(q_rows[order], q_rows[order] * list_rows[order], buckets, list_rows[order], pad):
+    rows_sorted, lists_sorted = q_rows[order], list_rows[order]
+    for run in _runs(rows_sorted, rows_sorted * lists_sorted, buckets, lists_sorted, pad):
         p, g = order[run], g_of[run]
         nq, nl = int(q_rows[p].max()), int(list_rows[p].max())
         r = torch.arange(nq, device=dev)
