@@ -46,6 +46,20 @@ class PeakRSS:
         self._stop.set()
 
 
+def _frames_for_chunks(pipe, chunks: int) -> int:
+    """The fewest video frames (4k + 1) the pipeline generates in ``chunks`` chunks (with VAE segments, a chunk
+    of one image latent starts each segment)."""
+    from kinegen.errors import InvalidRequestError
+
+    for frames in range(1, 64 * chunks + 2, 4):
+        try:
+            if len(pipe.check_frames(frames)) >= chunks:
+                return frames
+        except InvalidRequestError:  # does not split into whole chunks
+            continue
+    raise SystemExit(f"no frame count gives {chunks} chunks")
+
+
 def rollout(pipe, prompt: str, frames: int, window_frames, steps: int, guidance: float, size: int) -> dict:
     import torch
 
@@ -91,9 +105,8 @@ def main(argv=None) -> int:
     pipe.set_progress_bar_config(disable=True)
     spec = pipe.kinegen_spec  # the model's defaults
     steps = args.steps or spec.steps
-    cf, ff = pipe.config.chunk_frames, pipe.config.first_chunk_frames
-    latent = ff + cf * (args.chunks - 1)
-    frames = 4 * (latent - 1) + 1
+    cf = pipe.config.chunk_frames
+    frames = _frames_for_chunks(pipe, args.chunks)
     runs = {}
     for name, window in (("rolling", pipe.config.window_frames), ("global", "global")):
         print(f"{name} cache: {args.chunks} chunks, {frames} frames ...", flush=True)

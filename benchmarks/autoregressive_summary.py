@@ -9,28 +9,32 @@ import json
 import sys
 from pathlib import Path
 
-ATTRS = ("shape", "colour", "motion")
+ATTRS = ("shape", "colour", "motion", "background")  # background: "-" in files made before it was read
 
 
-def pct(x: float) -> str:
-    return f"{100 * x:.0f}%"
+def pct(x: float | None) -> str:
+    return "-" if x is None or x != x else f"{100 * x:.0f}%"
 
 
 def windows_table(files: list[Path]) -> str:
-    rows = ["| method | split | videos x frames | windows right: shape / colour / motion | first quarter | "
-            "last quarter | drift (first - last, points) | still / lost windows | seams | s per video |",
+    rows = ["| method | split | videos x frames | windows right: shape / colour / motion / background | "
+            "first quarter | last quarter | drift (first - last, points) | still / lost windows | seams | "
+            "s per video |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     for f in files:
         d = json.loads(f.read_text())
         method = d["model"] + (" chunk by chunk" if d["method"] == "ar" else
                                f" window by window ({d['history']} history)")
-        drift = [round(100 * (d["first_quarter"][a] - d["last_quarter"][a])) for a in ATTRS]
+        first = {a: d["first_quarter"].get(a) for a in ATTRS}
+        last = {a: d["last_quarter"].get(a) for a in ATTRS}
+        drift = ["-" if first[a] is None or first[a] != first[a] else f"{round(100 * (first[a] - last[a])):+d}"
+                 for a in ATTRS]
         rows.append(
             f"| {method} | {d['split']} | {d['prompts']} x {d['frames']} | "
-            + " / ".join(pct(d["right"][a]) for a in ATTRS) + " | "
-            + " / ".join(pct(d["first_quarter"][a]) for a in ATTRS) + " | "
-            + " / ".join(pct(d["last_quarter"][a]) for a in ATTRS) + " | "
-            + " / ".join(f"{v:+d}" for v in drift) + " | "
+            + " / ".join(pct(d["right"].get(a)) for a in ATTRS) + " | "
+            + " / ".join(pct(first[a]) for a in ATTRS) + " | "
+            + " / ".join(pct(last[a]) for a in ATTRS) + " | "
+            + " / ".join(drift) + " | "
             + f"{pct(d['still_windows'])} / {pct(d['lost_windows'])} | {d['seam_ratio']:.2f} | "
             + f"{d['seconds_per_video']:.0f} |")
     return "\n".join(rows)

@@ -14,7 +14,10 @@ of 17 frames every 16 frames. Per window:
 - motion: read by tracking the shape (:mod:`kinegen.evaluation.motion`, 100% on the procedural long videos,
   where the classifier reads 70-76%): the first window must show the prompt's motion, later ones its family
   (a shape bounces off the edges, so a shape "moving right" later moves left; where it meets a wall depends on
-  where the model drew it). Windows with a bounce in them are read too: a family survives a bounce.
+  where the model drew it). Windows with a bounce in them are read too: a family survives a bounce;
+- background: the colour the prompt names, read by :mod:`kinegen.evaluation.background` (100% on the procedural
+  long videos; not scored for prompts that name no background). The classifier does not read it, so without
+  this a video whose background changes colour halfway through reads right.
 
 Reported: the share of windows right on each attribute, over all windows and over the first and the last
 quarter of the video (drift), windows where the shape stands still or is lost, seams (the frame-to-frame change
@@ -31,20 +34,26 @@ from pathlib import Path
 
 import numpy as np
 
+ATTRIBUTES = ("shape", "colour", "motion", "background")
 
-def window_scores(frames: np.ndarray, truth: dict[str, str], classifier, window: int = 17, stride: int = 16):
-    """[{start, shape, colour, motion, reading, predicted}, ...] for every full window of ``frames``."""
+
+def window_scores(frames: np.ndarray, truth: dict[str, str], classifier, window: int = 17, stride: int = 16,
+                  background: str | None = None):
+    """[{start, shape, colour, motion, background, reading, predicted}, ...] for every full window of ``frames``;
+    ``background`` (the colour the prompt names) is None in every window when the prompt names none."""
     from kinegen.evaluation.adherence import classify
+    from kinegen.evaluation.background import read_background
     from kinegen.evaluation.motion import motion_right
 
     out = []
     for start in range(0, frames.shape[0] - window + 1, stride):
         clip = frames[start:start + window]
-        pred = classify(classifier, clip)
+        pred = classify(classifier, clip) | {"background": read_background(clip)}
         ok, reading = motion_right(clip, pred["colour"], truth["motion"], exact=start == 0)
         out.append({"start": start, "shape": pred["shape"] == truth["shape"],
-                    "colour": pred["colour"] == truth["colour"], "motion": ok, "reading": reading,
-                    "predicted": pred})
+                    "colour": pred["colour"] == truth["colour"], "motion": ok,
+                    "background": None if background is None else pred["background"] == background,
+                    "reading": reading, "predicted": pred})
     return out
 
 
@@ -110,6 +119,7 @@ def main(argv=None) -> int:
 
     import kinegen
     from kinegen.evaluation.adherence import adherence_prompts, load_classifier
+    from kinegen.evaluation.background import prompt_background
     from kinegen.media import atomic_write_text
 
     pipe = kinegen.load_pipeline(args.model)
@@ -142,16 +152,16 @@ def main(argv=None) -> int:
             Path(args.videos).mkdir(parents=True, exist_ok=True)
             np.savez_compressed(Path(args.videos) / f"{args.split}_{i}.npz",
                                 frames=(np.clip(frames, 0, 1) * 255).round().astype(np.uint8))
-        windows = window_scores(frames, truth, classifier)
+        windows = window_scores(frames, truth, classifier, background=prompt_background(prompt))
         records.append({"prompt": prompt, "truth": truth, "seed": i, "seconds": seconds,
                         "seam_ratio": seam_ratio(frames, boundaries), "windows": windows})
-        right = {k: np.mean([w[k] for w in windows]) for k in ("shape", "colour", "motion")}
+        right = {k: np.mean([w[k] for w in windows]) for k in ATTRIBUTES if windows[0][k] is not None}
         print(f"{i + 1}/{args.prompts} {prompt!r}: {seconds:.1f} s, windows right "
               + ", ".join(f"{k} {v:.0%}" for k, v in right.items())
               + f", motion read {[w['reading'] for w in windows]}", flush=True)
 
-    def share(attr, part=slice(None)):
-        vals = [w[attr] for r in records for w in r["windows"][part]]
+    def share(attr, part=slice(None)):  # over the windows that have the attribute (a background only if named)
+        vals = [w[attr] for r in records for w in r["windows"][part] if w.get(attr) is not None]
         return float(np.mean(vals)) if vals else float("nan")
 
     n = len(records[0]["windows"])
@@ -165,9 +175,9 @@ def main(argv=None) -> int:
         "context_noise": pipe.config.get("context_noise") if args.method == "ar" else None,
         **({k: pipe.config.get(k) for k in ("sink_frames", "window_frames")} if args.method == "ar" else {}),
         "split": args.split, "prompts": args.prompts, "windows_per_video": n,
-        "right": {a: share(a) for a in ("shape", "colour", "motion")},
-        "first_quarter": {a: share(a, slice(0, q)) for a in ("shape", "colour", "motion")},
-        "last_quarter": {a: share(a, slice(n - q, n)) for a in ("shape", "colour", "motion")},
+        "right": {a: share(a) for a in ATTRIBUTES},
+        "first_quarter": {a: share(a, slice(0, q)) for a in ATTRIBUTES},
+        "last_quarter": {a: share(a, slice(n - q, n)) for a in ATTRIBUTES},
         "still_windows": readings.count("still") / len(readings),
         "lost_windows": readings.count("lost") / len(readings),
         "seam_ratio": float(np.nanmean([r["seam_ratio"] for r in records])),

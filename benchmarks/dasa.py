@@ -307,6 +307,10 @@ def cmd_masks(args) -> dict:
     from kinegen.training.vae import to_tensor
 
     pipe = kinegen.load_pipeline(args.model)
+    if getattr(pipe, "segment_frames", None):
+        raise SystemExit(f"{args.model} codes its videos in VAE segments of {pipe.segment_frames} frames; the masks "
+                         "command maps latent frames to video frames of one whole clip. Give a model without "
+                         "segments (the numbers in benchmarks/dasa.md are of one).")
     vae, size = pipe.vae, pipe.kinegen_spec.height
     patch = tuple(int(p) for p in pipe.transformer.config.patch_size[1:])
     cell = pipe.vae_scale_factor_spatial * patch[0]

@@ -6,7 +6,8 @@
 For the prompts of benchmarks/autoregressive_windows.py (same seeds), the procedural video of the prompt's clip
 spec (``render_long_clip``: the training clip, then the same speed, bouncing off the edges) is cut into the same
 windows and read by the adherence classifier (shape, colour, motion family as the benchmark once compared it)
-and by the tracking reader (motion family; exact motion in the first window). A reader that misreads the ground
+and by the tracking reader (motion family; exact motion in the first window), and its background colour by
+:func:`kinegen.evaluation.background.read_background`. A reader that misreads the ground
 truth cannot judge a model.
 """
 
@@ -30,6 +31,7 @@ def main(argv=None) -> int:
 
     from kinegen.data.shapes import render_long_clip, sample_clip
     from kinegen.evaluation.adherence import classify, load_classifier
+    from kinegen.evaluation.background import read_background
     from kinegen.evaluation.motion import FAMILY, motion_right
     from kinegen.media import atomic_write_text
 
@@ -37,7 +39,8 @@ def main(argv=None) -> int:
     out = {"command": "python benchmarks/long_video_readers.py " + " ".join(sys.argv[1:] if argv is None else argv),
            "date": time.strftime("%Y-%m-%d %H:%M"), "frames": args.frames}
     for split in ("train", "held_out"):
-        hits = {"classifier_shape": [], "classifier_colour": [], "classifier_motion": [], "tracker_motion": []}
+        hits = {"classifier_shape": [], "classifier_colour": [], "classifier_motion": [], "tracker_motion": [],
+                "background": []}
         for i in range(args.prompts):
             spec = sample_clip(1 * 1_000_003 + 7_000_000 + i, split=split, num_objects=1)  # adherence_prompts(seed=1)
             o = spec.primary
@@ -50,6 +53,7 @@ def main(argv=None) -> int:
                 hits["classifier_motion"].append(pred["motion"] == o.motion if start == 0
                                                  else FAMILY[pred["motion"]] == FAMILY[o.motion])
                 hits["tracker_motion"].append(motion_right(clip, o.colour, o.motion, exact=start == 0)[0])
+                hits["background"].append(read_background(clip) == spec.background)
         out[split] = {k: float(np.mean(v)) for k, v in hits.items()} | {"windows": len(hits["tracker_motion"])}
         print(split, out[split], flush=True)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)

@@ -20,15 +20,22 @@ from pathlib import Path
 import numpy as np
 
 
-def roundtrip_errors(vae, clip: np.ndarray) -> np.ndarray:
-    """Per-frame mean absolute error (0-255) of ``vae.decode(vae.encode(clip))`` for a uint8 ``[F, H, W, 3]``."""
+def roundtrip_errors(vae, clip: np.ndarray, segment_frames: int = 0) -> np.ndarray:
+    """Per-frame mean absolute error (0-255) of ``vae.decode(vae.encode(clip))`` for a uint8 ``[F, H, W, 3]``;
+    with ``segment_frames``, every segment of that many frames coded alone (the last one may be shorter), as
+    ``WanAutoregressivePipeline(segment_frames=...)`` decodes and ``kinegen train ar --segment-frames`` encodes."""
     import torch
 
     from kinegen.training.vae import to_tensor
 
+    def roundtrip(part):  # a part of 4k + 1 frames (a last segment padded with its last frame, then cut)
+        pad = -(len(part) - 1) % 4
+        z = vae.encode(to_tensor(np.concatenate([part, part[-1:].repeat(pad, 0)])[None])).latent_dist.mode()
+        return vae.decode(z).sample[0][:, :len(part)]
+
+    step = segment_frames or len(clip)
     with torch.no_grad():
-        z = vae.encode(to_tensor(clip[None])).latent_dist.mode()
-        x = vae.decode(z).sample[0]
+        x = torch.cat([roundtrip(clip[lo:lo + step]) for lo in range(0, len(clip), step)], dim=1)
     x = ((x.permute(1, 2, 3, 0).clamp(-1, 1) + 1) / 2 * 255).round().numpy()
     return np.abs(x - clip.astype(np.float64)).mean(axis=(1, 2, 3))
 
@@ -40,6 +47,8 @@ def main(argv=None) -> int:
     ap.add_argument("--clips", type=int, default=4)
     ap.add_argument("--frames", type=int, default=97, help="frames per clip (4k + 1)")
     ap.add_argument("--size", type=int, default=128)
+    ap.add_argument("--segment-frames", type=int, default=0,
+                    help="code every segment of this many frames alone (4k + 1; 0: each clip whole)")
     ap.add_argument("--output", default=None)
     args = ap.parse_args(argv)
 
@@ -54,14 +63,16 @@ def main(argv=None) -> int:
     else:
         vae = kinegen.load_pipeline(args.model).vae.eval()
     errors = np.stack([roundtrip_errors(vae, render_long_clip(sample_clip(9_100_000 + i, split="train"),
-                                                               args.frames, args.size, args.size))
+                                                               args.frames, args.size, args.size),
+                                        args.segment_frames)
                        for i in range(args.clips)]).mean(axis=0)
     edges = [0, 17, 33, 65, 129, 241, 100_000]
     ranges = {f"{a}-{min(b, args.frames) - 1}": float(errors[a:b].mean())
               for a, b in zip(edges, edges[1:], strict=False) if a < args.frames}
     result = {"command": "python benchmarks/vae_long_roundtrip.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "date": time.strftime("%Y-%m-%d %H:%M"), "model": args.vae or args.model, "clips": args.clips,
-              "frames": args.frames, "mean_abs_error_by_frames": ranges, "per_frame": errors.round(2).tolist()}
+              "frames": args.frames, "segment_frames": args.segment_frames, "mean_abs_error_by_frames": ranges,
+              "per_frame": errors.round(2).tolist()}
     print(json.dumps({k: v for k, v in result.items() if k != "per_frame"}, indent=1))
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)

@@ -241,6 +241,46 @@ def test_a_training_rollout_is_what_the_sampler_generates(ar, guidance):
 
 
 @torch.no_grad()
+def test_vae_segments_code_the_video_in_clips_the_vae_was_trained_on(wan):
+    """segment_frames=9 (3 latent frames): chunks restart with an image latent every segment, each segment is
+    decoded alone (streamed too), a video that ends inside a segment gets whole chunks and is cut to its length,
+    and training windows are encoded in the same layout."""
+    from kinegen.pipelines.wan_ar import segment_partition
+    from kinegen.training.ar import chunk_ids, encode_segmented
+
+    assert segment_partition(17, 17, 2) == [1, 2, 2]
+    assert segment_partition(241, 17, 2) == [1, 2, 2] * 14 + [1, 2]  # 3 frames left: 5 decoded, 2 cut
+    assert chunk_ids(10, 2, 5).tolist() == [0, 1, 1, 2, 2, 3, 4, 4, 5, 5]
+    pipe = WanAutoregressivePipeline(**wan.components, chunk_frames=2, segment_frames=9)
+    pipe.set_progress_bar_config(disable=True)
+    kw = dict(height=32, width=32, num_frames=21, num_inference_steps=2, guidance_scale=1.0)
+    assert pipe.check_frames(21) == [1, 2, 1, 2, 1, 2]  # two segments of 9 frames, then 3 frames in one of 9
+    out = pipe("a red circle", generator=torch.Generator().manual_seed(0), output_type="latent", **kw)
+    latents = out.frames
+    assert latents.shape[2] == 9 and [s.frames for s in out.chunk_stats][:3] == [[0], [1, 2], [3]]
+    video = np.asarray(pipe("a red circle", generator=torch.Generator().manual_seed(0), **kw).frames[0])
+    mean = torch.tensor(pipe.vae.config.latents_mean).view(1, -1, 1, 1, 1)
+    std = torch.tensor(pipe.vae.config.latents_std).view(1, -1, 1, 1, 1)
+    alone = torch.cat([pipe.vae.decode(latents[:, :, lo:lo + 3] * std + mean).sample for lo in (0, 3, 6)], dim=2)
+    alone = pipe.video_processor.postprocess_video(alone, output_type="np")[0][:21]
+    np.testing.assert_allclose(video, alone, rtol=0, atol=1e-5)
+    whole = pipe.video_processor.postprocess_video(pipe.vae.decode(latents * std + mean).sample, output_type="np")[0]
+    assert np.abs(whole[9:21] - video[9:]).max() > 1e-3  # not what one decode of the whole video gives
+    parts = list(pipe.stream("a red circle", generator=torch.Generator().manual_seed(0), **kw))
+    assert [p.frames.shape[0] for p in parts] == [1, 8, 1, 8, 1, 2]
+    np.testing.assert_allclose(np.concatenate([p.frames for p in parts]), video, rtol=0, atol=1e-5)
+    clips = np.random.default_rng(0).integers(0, 255, (2, 18, 32, 32, 3), dtype=np.uint8)
+    z = encode_segmented(pipe.vae, clips, 9)
+    from kinegen.training.vae import to_tensor
+
+    torch.testing.assert_close(z[1:, :, 3:], pipe.vae.encode(to_tensor(clips[1:, 9:])).latent_dist.mode())
+    with pytest.raises(ConfigError, match="4k \\+ 1"):
+        WanAutoregressivePipeline(**wan.components, segment_frames=8)
+    with pytest.raises(ConfigError, match="chunk"):
+        WanAutoregressivePipeline(**wan.components, chunk_frames=3, segment_frames=9)
+
+
+@torch.no_grad()
 def test_rolling_window_keeps_sinks_and_recent_frames_and_flat_memory(ar):
     kw = dict(height=32, width=32, num_frames=33, chunk_frames=2, num_inference_steps=1,
               generator=torch.Generator().manual_seed(0))
@@ -460,6 +500,14 @@ def test_diffusion_forcing_trains_resumes_and_exports_a_causal_pipeline(tmp_path
     rollouts = ["--steps", "2", "--rollout-prob", "1", "--rollout-steps", "2", "--guidance", "2"]
     assert main(["train", "ar", "--run", str(rolled), *args[4:], "--frames", "25", *rollouts]) == 0
     assert json.loads((rolled / "checkpoint" / "state.json").read_text())["step"] == 2
+    # Windows coded in VAE segments (two of 9 frames, later ones from a segment start after the sink): the export
+    # generates in that layout, cut to the frames asked for.
+    segmented = tmp_path / "segments"
+    assert main(["train", "ar", "--run", str(segmented), *args[4:], "--steps", "2", "--frames", "18",
+                 "--segment-frames", "9", "--max-start", "36"]) == 0
+    pipe = kinegen.load_pipeline(str(segmented / "pipeline"))
+    assert pipe.config.segment_frames == 9 and pipe.check_frames(21) == [1, 2, 1, 2, 1, 2]
+    assert kinegen.generate(pipe, "a red circle", frames=21, steps=1, seed=0).frames.shape == (21, 32, 32, 3)
     assert main(["train", "ar", "--run", str(tmp_path / "short"), *args[4:], *rollouts]) == 2  # 9 frames: 2 chunks
     assert not (tmp_path / "short").exists()
     assert main(["train", "ar", "--run", str(tmp_path / "bad"), *args[4:], "--steps", "2", "--context-noise", "1"]) == 2

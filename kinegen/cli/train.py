@@ -88,7 +88,7 @@ def run(args) -> int:
 # Settings whose range is not the default (an integer >= 1, a number >= 0): inclusive bounds, None = open.
 _RANGES = {"seed": (0, None), "crop": (8, 64), "size": (8, None), "resolution": (8, None), "cfg_dropout": (0, 1),
            "ema": (0, 1), "out_gain_init": (None, None), "offset_prob": (0, 1), "clean_prob": (0, 1),
-           "sink_frames": (0, None), "max_start": (0, None),
+           "sink_frames": (0, None), "max_start": (0, None), "segment_frames": (0, None),
            "recycle_prob": (0, 1), "recycle_sigma": (0, 1), "context_noise": (0, 0.99), "rollout_prob": (0, 1),
            "describe_share": (0, 1), "both_weight": (0, None),
            "eval_every": (0, None), "eval_images": (24, None), "class_weight": (0, None),
@@ -98,6 +98,21 @@ _RANGES = {"seed": (0, None), "crop": (8, 64), "size": (8, None), "resolution": 
            "template_curvature": (0, None), "positional_gain": (1e-3, None),
            "noise_weight_init": (None, None), "noise_max_resolution": (0, None),
            "spectrum_match": (0, None)}
+
+
+def _check_ar_segments(cfg) -> None:
+    """``kinegen train ar --segment-frames``: segments the VAE codes and the chunks split, windows of whole ones."""
+    from ..errors import ConfigError
+
+    seg = cfg.segment_frames
+    if seg % 4 != 1 or seg < 5 or ((seg - 1) // 4) % cfg.chunk_frames:
+        raise ConfigError(f"--segment-frames must be 4k + 1 frames whose k latent frames after the first split into "
+                          f"chunks of --chunk-frames {cfg.chunk_frames} (17 at the defaults); got {seg}.")
+    if cfg.frames % seg or cfg.max_start % seg:
+        raise ConfigError(f"--frames and --max-start must be whole numbers of segments of --segment-frames {seg} "
+                          f"(e.g. --frames {2 * seg} --max-start {12 * seg}); got {cfg.frames} and {cfg.max_start}.")
+    if cfg.rollout_prob:
+        raise ConfigError("--rollout-prob does not support --segment-frames yet; leave one of them out.")
 
 
 def check_settings(args, cfg) -> None:
@@ -134,6 +149,8 @@ def check_settings(args, cfg) -> None:
         raise ConfigError(f"--rollout-prob needs windows of at least 4 chunks (two real ones, one rolled out, one "
                           f"after it): --frames {12 * cfg.chunk_frames + 1} or more at --chunk-frames "
                           f"{cfg.chunk_frames}; got {cfg.frames}.")
+    if args.what == "ar" and cfg.segment_frames:
+        _check_ar_segments(cfg)
     if getattr(cfg, "decoder_only", False) and not cfg.init:
         raise ConfigError("--decoder-only fine-tunes a trained VAE's decoder: pass --init VAE_FOLDER.")
     if args.what == "t2v":  # what train_t2v checks first, as errors rather than tracebacks

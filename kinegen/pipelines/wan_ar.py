@@ -143,6 +143,39 @@ def chunk_partition(latent_frames: int, chunk_frames: int, first_chunk_frames: i
     return [first_chunk_frames] + [chunk_frames] * (rest // chunk_frames)
 
 
+def segment_latent_frames(segment_frames: int) -> int:
+    """Latent frames of a VAE segment of ``segment_frames`` video frames (4k + 1: its first frame coded alone)."""
+    if segment_frames < 5 or segment_frames % 4 != 1:
+        raise ConfigError(f"segment_frames must be 4k + 1 and at least 5 (the VAE codes a segment's first frame "
+                          f"alone, then 4 frames per latent frame); got {segment_frames}.")
+    return (segment_frames - 1) // 4 + 1
+
+
+def segment_chunks(latent_frames: int, chunk_frames: int, segment_latents: int,
+                   first_chunk_frames: int = 1) -> list[int]:
+    """Latent frames per chunk when the video is coded in VAE segments of ``segment_latents`` latent frames: each
+    segment split as :func:`chunk_partition` splits a video (its first frame, an image latent, is a chunk of its
+    own with ``first_chunk_frames`` 1), segment after segment."""
+    sizes = []
+    for lo in range(0, latent_frames, segment_latents):
+        sizes += chunk_partition(min(segment_latents, latent_frames - lo), chunk_frames, first_chunk_frames)
+    return sizes
+
+
+def segment_partition(num_frames: int, segment_frames: int, chunk_frames: int,
+                      first_chunk_frames: int = 1) -> list[int]:
+    """Latent frames per chunk of a video coded in VAE segments of ``segment_frames`` video frames: whole segments,
+    then one shorter segment of whole chunks that covers the rest (its extra frames are cut after decoding)."""
+    seg = segment_latent_frames(segment_frames)
+    full, rest = divmod(num_frames, segment_frames)
+    sizes = segment_chunks(full * seg, chunk_frames, seg, first_chunk_frames) if full else []
+    if rest:
+        need = (rest - 1 + 3) // 4 + 1  # latent frames that cover ``rest`` video frames
+        more = -(-max(0, need - first_chunk_frames) // chunk_frames)  # whole chunks after the segment's first
+        sizes += chunk_partition(first_chunk_frames + more * chunk_frames, chunk_frames, first_chunk_frames)
+    return sizes
+
+
 def _prompt_schedule(prompt: str | list[tuple[int, str]], chunks: int) -> dict[int, str]:
     """``"..."`` or ``[(chunk, prompt), ...]`` starting at chunk 0 -> {chunk: prompt}."""
     if isinstance(prompt, str):
@@ -178,16 +211,23 @@ class WanAutoregressivePipeline(WanPipeline):
     def __init__(self, tokenizer, text_encoder, vae, scheduler, transformer, transformer_2=None,
                  boundary_ratio=None, expand_timesteps: bool = False, chunk_frames: int = 3,
                  first_chunk_frames: int = 1, sink_frames: int = 0, window_frames: int | None = None,
-                 context_noise: float = 0.0):
+                 context_noise: float = 0.0, segment_frames: int | None = None):
         if transformer_2 is not None or boundary_ratio is not None or expand_timesteps:
             raise ConfigError("WanAutoregressivePipeline drives one Wan 2.1-style transformer; Wan 2.2's two experts "
                               "and per-token timesteps are not supported.")
         KVCacheConfig(sink_frames=sink_frames, window_frames=window_frames)  # bad settings fail when built
         _check_context_noise(context_noise)
+        if segment_frames is not None:
+            seg = segment_latent_frames(segment_frames)
+            if seg < first_chunk_frames or (seg - first_chunk_frames) % chunk_frames:
+                raise ConfigError(f"segment_frames {segment_frames} ({seg} latent frames) does not split into a first "
+                                  f"chunk of {first_chunk_frames} and chunks of {chunk_frames}; segments of "
+                                  f"4 * ({first_chunk_frames} + {chunk_frames} n - 1) + 1 frames do.")
         super().__init__(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler,
                          transformer=transformer)
         self.register_to_config(chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames,
-                                sink_frames=sink_frames, window_frames=window_frames, context_noise=context_noise)
+                                sink_frames=sink_frames, window_frames=window_frames, context_noise=context_noise,
+                                segment_frames=segment_frames)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, allow_bidirectional: bool = False, **kwargs):
@@ -212,7 +252,15 @@ class WanAutoregressivePipeline(WanPipeline):
         """A call's chunk and cache settings: each given one, else the pipeline's configuration."""
         return {k: self.config[k] if v is None else v for k, v in given.items()}
 
+    @property
+    def segment_frames(self) -> int | None:
+        """Video frames per VAE segment (None: the video is one VAE clip); see :func:`segment_partition`."""
+        return self.config.get("segment_frames")
+
     def latent_frames(self, num_frames: int) -> int:
+        """Latent frames generated for ``num_frames`` video frames (with VAE segments, whole chunks of them)."""
+        if self.segment_frames:
+            return sum(self.check_frames(num_frames))
         return (num_frames - 1) // self.vae_scale_factor_temporal + 1
 
     def check_frames(self, num_frames: int, chunk_frames: int | None = None,
@@ -221,7 +269,17 @@ class WanAutoregressivePipeline(WanPipeline):
         st = self._settings(chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames)
         if num_frames % self.vae_scale_factor_temporal != 1:
             raise InvalidRequestError(f"num_frames must be 4k + 1; got {num_frames}.")
+        if self.segment_frames:
+            return segment_partition(num_frames, self.segment_frames, st["chunk_frames"], st["first_chunk_frames"])
         return chunk_partition(self.latent_frames(num_frames), st["chunk_frames"], st["first_chunk_frames"])
+
+    def _decode_segments(self, latents: torch.Tensor, num_frames: int, output_type: str) -> Any:
+        """With VAE segments: each segment's latent frames through ``vae.decode`` alone, the frames end to end, the
+        video cut to ``num_frames``."""
+        seg = segment_latent_frames(self.segment_frames)
+        video = torch.cat([self.vae.decode(denormalize_latents(self.vae, latents[:, :, lo:lo + seg]),
+                                           return_dict=False)[0] for lo in range(0, latents.shape[2], seg)], dim=2)
+        return self.video_processor.postprocess_video(video[:, :, :num_frames], output_type=output_type)
 
     def _forward(self, latents, t, embeds, state, *, frame_offset: int, commit: bool):
         state.frame_offset, state.commit = frame_offset, commit
@@ -365,7 +423,12 @@ class WanAutoregressivePipeline(WanPipeline):
         if bar is not None:
             bar.close()
         latents = torch.cat(chunks, dim=2)
-        video = latents if output_type == "latent" else self._decode(latents, output_type)
+        if output_type == "latent":
+            video = latents
+        elif self.segment_frames:
+            video = self._decode_segments(latents, num_frames, output_type)
+        else:
+            video = self._decode(latents, output_type)
         return WanAutoregressiveOutput(frames=video, chunk_stats=stats) if return_dict else (video, stats)
 
     @torch.no_grad()
@@ -386,10 +449,15 @@ class WanAutoregressivePipeline(WanPipeline):
                     window_frames=None, generator=None, max_sequence_length=226, callback_on_step_end=None,
                     context_noise=None)
         args.update(kwargs)
+        seg = segment_latent_frames(self.segment_frames) if self.segment_frames else None
+        left = args["num_frames"]  # frames still to give (with segments the last chunk may hold more)
         for x, st, total in self._chunks(prompt, **args):
             t0 = time.perf_counter()
+            if seg and st.frames[0] % seg == 0:  # a new VAE segment: decoded alone, from a fresh cache
+                decoder = StreamingWanDecoder(self.vae)
             video = decoder.decode(x)
             frames = np.asarray(self.video_processor.postprocess_video(video, output_type="np")[0], dtype=np.float32)
+            frames, left = frames[:left], left - len(frames[:left])
             yield StreamedChunk(st.index, total, frames, st, time.perf_counter() - t0)
 
     def _decode(self, latents: torch.Tensor, output_type: str) -> Any:

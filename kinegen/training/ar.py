@@ -63,7 +63,7 @@ from safetensors.torch import load_file, save_file
 from ..data.shapes import render_long_clip, sample_clip
 from ..models.shapes_t2v import build_scheduler
 from ..pipelines.causal_wan import KVCacheConfig, make_causal
-from ..pipelines.wan_ar import chunk_partition, context_latents
+from ..pipelines.wan_ar import chunk_partition, context_latents, segment_chunks, segment_latent_frames
 from .common import Progress, TimeBox, cosine_lr, load_checkpoint
 from .configs import ARTrainConfig
 from .t2v import (
@@ -81,10 +81,25 @@ CHUNK = 64
 
 def _window(cfg: ARTrainConfig, i: int) -> tuple[int, int]:
     """(clip seed, start frame) of training window ``i``: from frame 0 or, with ``offset_prob``, a later
-    multiple of 4 up to ``max_start``."""
+    multiple of 4 (of ``segment_frames`` with segments: windows start where the pipeline's segments do) up to
+    ``max_start``."""
     rng = np.random.default_rng(2_000_000 + cfg.seed * 100_003 + i)
-    start = 0 if rng.random() >= cfg.offset_prob else 4 * int(rng.integers(1, cfg.max_start // 4 + 1))
+    unit = cfg.segment_frames or 4
+    start = 0 if rng.random() >= cfg.offset_prob else unit * int(rng.integers(1, cfg.max_start // unit + 1))
     return 3_000_000 + cfg.seed * 100_000_007 + i, start
+
+
+def encode_segmented(vae, clips: np.ndarray, segment_frames: int) -> torch.Tensor:
+    """VAE latents ``[B, C, F, h, w]`` of uint8 clips ``[B, T, H, W, 3]`` coded as segments of ``segment_frames``
+    frames, each alone (the first frame of each coded as an image), their latent frames end to end: the layout
+    of :class:`~kinegen.pipelines.WanAutoregressivePipeline` with ``segment_frames``. ``0``: each clip whole."""
+    if not segment_frames:
+        return vae.encode(to_tensor(clips)).latent_dist.mode()
+    b, t = clips.shape[:2]
+    z = vae.encode(to_tensor(clips.reshape(b * (t // segment_frames), segment_frames, *clips.shape[2:])))
+    z = z.latent_dist.mode()
+    z = z.view(b, t // segment_frames, *z.shape[1:]).transpose(1, 2)  # [B, C, segments, latents, h, w]
+    return z.reshape(b, z.shape[1], -1, *z.shape[-2:])
 
 
 @torch.no_grad()
@@ -106,7 +121,7 @@ def encode_windows(run_dir: Path, cfg: ARTrainConfig, vae) -> tuple[torch.Tensor
             for j in range(0, len(part), 4):
                 clips = np.stack([render_long_clip(sample_clip(seed, split="train"), cfg.frames, cfg.size, cfg.size,
                                                    start=start) for seed, start in part[j:j + 4]])
-                lat.append(vae.encode(to_tensor(clips)).latent_dist.mode())
+                lat.append(encode_segmented(vae, clips, cfg.segment_frames))
             save_file({"latents": ((torch.cat(lat) - mean) / std).half().contiguous()}, str(path))
             print(f"encoded windows chunk {c + 1}/{n_chunks} ({(c + 1) * CHUNK / (time.perf_counter() - t0):.1f} "
                   "windows/s)", flush=True)
@@ -149,9 +164,31 @@ def cache_layout(x0: torch.Tensor, sinks: torch.Tensor, starts: torch.Tensor) ->
     return x0, positions
 
 
-def chunk_ids(latent_frames: int, chunk_frames: int) -> torch.Tensor:
-    """The chunk of each latent frame, as the pipeline splits them: ``[0, 1, 1, 2, 2, ...]``."""
-    sizes = chunk_partition(latent_frames, chunk_frames)
+def segment_batch(latents, sinks, starts, cfg: ARTrainConfig, segment_latents: int, ids: torch.Tensor,
+                  gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(idx, x0, positions, ids)`` of a batch of windows coded in VAE segments: all from frame 0 or, as often as
+    the data has them, all from later segments. A later window keeps every latent frame (its first is its segment's
+    image latent, which the cache holds at inference) at its position in the video, after the sink at position 0
+    (with ``sinks``): one chunk more than a window from frame 0, hence one kind per batch."""
+    later = starts > 0
+    use_later = bool(torch.rand((), generator=gen) < later.float().mean())
+    pool = torch.nonzero(later == use_later)[:, 0]
+    idx = pool[torch.randint(len(pool), (cfg.batch_size,), generator=gen)]
+    x0 = latents[idx]
+    first = starts[idx] // cfg.segment_frames * segment_latents  # the window's first latent frame in the video
+    positions = torch.arange(x0.shape[2]).view(1, -1) + first.view(-1, 1)
+    if use_later and sinks is not None:
+        x0 = torch.cat([sinks[idx], x0], dim=2)
+        positions = torch.cat([torch.zeros_like(positions[:, :1]), positions], dim=1)
+        ids = torch.cat([ids.new_zeros(1), ids + 1])
+    return idx, x0, positions, ids
+
+
+def chunk_ids(latent_frames: int, chunk_frames: int, segment_latents: int = 0) -> torch.Tensor:
+    """The chunk of each latent frame, as the pipeline splits them: ``[0, 1, 1, 2, 2, ...]``; with VAE segments
+    of ``segment_latents`` latent frames, segment by segment (``[0, 1, 1, 2, 2, 3, 4, 4, 5, 5]`` for two of 5)."""
+    sizes = (segment_chunks(latent_frames, chunk_frames, segment_latents) if segment_latents
+             else chunk_partition(latent_frames, chunk_frames))
     return torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes))
 
 
@@ -338,9 +375,17 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
     from ..loading import ASSETS_DIR
 
     init = Path(cfg.init) if cfg.init else ASSETS_DIR / "models" / "kinegen-shapes-t2v"
-    if cfg.frames % 4 != 1:
+    seg = segment_latent_frames(cfg.segment_frames) if cfg.segment_frames else 0
+    if seg:
+        if cfg.frames % cfg.segment_frames:
+            raise ValueError(f"--frames must be a whole number of segments of --segment-frames "
+                             f"{cfg.segment_frames}; got {cfg.frames}")
+        if cfg.rollout_prob:
+            raise ValueError("--rollout-prob does not support --segment-frames yet; leave one of them out")
+    elif cfg.frames % 4 != 1:
         raise ValueError(f"--frames must be 4k + 1; got {cfg.frames}")
-    ids = chunk_ids((cfg.frames - 1) // 4 + 1, cfg.chunk_frames)  # a frame count that does not split fails here
+    latent_frames = cfg.frames // cfg.segment_frames * seg if seg else (cfg.frames - 1) // 4 + 1
+    ids = chunk_ids(latent_frames, cfg.chunk_frames, seg)  # a frame count that does not split fails here
     KVCacheConfig(sink_frames=cfg.sink_frames, window_frames=cfg.window_frames)  # the export's cache, checked now
     if cfg.window_frames < cfg.chunk_frames:
         raise ValueError(f"--window-frames {cfg.window_frames} is smaller than a chunk ({cfg.chunk_frames})")
@@ -373,12 +418,15 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
     transformer.train()
     while step < cfg.steps:
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-        idx = torch.randint(len(windows), (cfg.batch_size,), generator=gen)
-        x0 = latents[idx]
-        if sinks is not None:
-            x0, state.frame_positions = cache_layout(x0, sinks[idx], starts[idx])
+        if seg:  # a batch of windows from frame 0, or of later ones after the sink: the chunks differ
+            idx, x0, state.frame_positions, step_ids = segment_batch(latents, sinks, starts, cfg, seg, ids, gen)
         else:
-            state.frame_positions = torch.arange(x0.shape[2]).expand(x0.shape[0], -1)
+            idx = torch.randint(len(windows), (cfg.batch_size,), generator=gen)
+            x0, step_ids = latents[idx], ids
+            if sinks is not None:
+                x0, state.frame_positions = cache_layout(x0, sinks[idx], starts[idx])
+            else:
+                state.frame_positions = torch.arange(x0.shape[2]).expand(x0.shape[0], -1)
         captions = batch_captions(specs, idx, step, cfg.cfg_dropout, gen)
         for g in opt.param_groups:
             g["lr"] = cosine_lr(step, cfg.steps, cfg.lr, warmup=100)
@@ -389,9 +437,9 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
             if cfg.rollout_prob and bool(torch.rand((), generator=gen) < cfg.rollout_prob):
                 history = rolled_out(transformer, state, cross, tokenizer, text_encoder, x0, captions, ids, cfg,
                                      scheduler, gen)
-            loss = teacher_forcing_loss(transformer, state, x0, text, ids, cfg, gen, history=history)
+            loss = teacher_forcing_loss(transformer, state, x0, text, step_ids, cfg, gen, history=history)
         else:
-            loss = forcing_loss(transformer, state, x0, text, ids, cfg, gen)
+            loss = forcing_loss(transformer, state, x0, text, step_ids, cfg, gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -422,7 +470,8 @@ def export_ar_pipeline(folder: Path, base, transformer, cfg: ARTrainConfig) -> P
     pipe = WanAutoregressivePipeline(tokenizer=base.tokenizer, text_encoder=base.text_encoder, vae=base.vae,
                                      scheduler=build_scheduler(cfg.flow_shift), transformer=transformer.eval(),
                                      chunk_frames=cfg.chunk_frames, sink_frames=cfg.sink_frames,
-                                     window_frames=cfg.window_frames, context_noise=cfg.context_noise)
+                                     window_frames=cfg.window_frames, context_noise=cfg.context_noise,
+                                     segment_frames=cfg.segment_frames or None)
     pipe.save_pretrained(folder, safe_serialization=True)
     # 20 steps per chunk, as the bundled model samples: diffusion forcing does not distil the sampler (a few-step
     # student, as Self-Forcing's 4 steps, would be a further stage). 121 frames at 24 fps: a 5-second video.

@@ -56,11 +56,12 @@ class ARTrainConfig:
     batch_size: int = 8
     lr: float = 2e-4
     dataset_windows: int = 2048  # training windows of long videos, encoded once
-    frames: int = 33  # video frames per training window (4k + 1)
+    frames: int = 33  # video frames per training window (4k + 1; with segments, a whole number of them)
     size: int = 128
     chunk_frames: int = 2  # latent frames per chunk after the first (of one latent frame)
     offset_prob: float = 0.5  # share of windows starting later in the video than frame 0
-    max_start: int = 208  # latest start frame of a window (a multiple of 4)
+    max_start: int = 208  # latest start frame of a window (a multiple of 4, or of segment_frames)
+    segment_frames: int = 0  # video frames per VAE segment (4k + 1), each coded alone; 0: the window is one VAE clip
     teacher_forcing: bool = True  # each chunk denoised against the clean chunks before it, as the sampler runs
     clean_prob: float = 0.25  # without teacher forcing: share of chunks given no noise (clean history)
     cache_layout: bool = True  # train later windows after the sink at position 0, as the rolling cache holds them

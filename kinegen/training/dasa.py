@@ -66,11 +66,10 @@ def rollout_losses(pipe, student_run, teacher, prompt: str, cfg, generator, rng:
     ``student_run`` (a :class:`~kinegen.dasa.run.DASARun`) driving it, ``teacher`` the dense copy. Returns the
     per-forward losses, already backpropagated into the student's gradients."""
     from ..pipelines.causal_wan import KVCacheConfig, make_causal
-    from ..pipelines.wan_ar import chunk_partition, context_latents
+    from ..pipelines.wan_ar import context_latents
 
     device = pipe._execution_device
-    frames = pipe.latent_frames(cfg.frames)
-    partition = chunk_partition(frames, pipe.config.chunk_frames, pipe.config.first_chunk_frames)
+    partition = pipe.check_frames(cfg.frames)  # the pipeline's own chunks (with VAE segments, segment by segment)
     height = width = cfg.size
     h, w = height // pipe.vae_scale_factor_spatial, width // pipe.vae_scale_factor_spatial
     guidance = cfg.guidance
