@@ -43,6 +43,11 @@ Two more things bring training closer to inference:
   The rolled-out chunks start from real history, so they stay close to the real trajectory, and the real
   continuation stays a fair target. (Tried as a third stage; it did not help and is not in the shipped model:
   benchmarks/autoregressive.md, "Training on its own rollouts".)
+- **VAE segments** (``segment_frames``): windows of whole segments, each coded alone by the VAE (its first frame
+  an image latent), as :class:`~kinegen.pipelines.WanAutoregressivePipeline` generates and decodes with
+  ``segment_frames``: a VAE trained on short clips does not code longer ones (docs/autoregressive.md, Design).
+  Windows start at segment starts; a later one keeps all its latent frames after the sink, so a batch holds one
+  kind (:func:`segment_batch`). (Tried as a fine-tune of the shipped weights; not shipped.)
 - **Noisy context** (``context_noise``, teacher forcing only): the clean copy is noised to this level,
   ``(1 - s) x_0 + s e`` at timestep ``1000 s``, as the exported pipeline (whose ``context_noise`` it sets) commits
   chunks; the model learns to continue from history whose fine detail it cannot trust.
