@@ -170,7 +170,7 @@ def segment_partition(num_frames: int, segment_frames: int, chunk_frames: int,
     full, rest = divmod(num_frames, segment_frames)
     sizes = segment_chunks(full * seg, chunk_frames, seg, first_chunk_frames) if full else []
     if rest:
-        need = (rest - 1 + 3) // 4 + 1  # latent frames that cover ``rest`` video frames
+        need = (rest + 2) // 4 + 1  # latent frames that cover ``rest`` video frames: one, then 4 frames each
         more = -(-max(0, need - first_chunk_frames) // chunk_frames)  # whole chunks after the segment's first
         sizes += chunk_partition(first_chunk_frames + more * chunk_frames, chunk_frames, first_chunk_frames)
     return sizes
@@ -457,7 +457,8 @@ class WanAutoregressivePipeline(WanPipeline):
                 decoder = StreamingWanDecoder(self.vae)
             video = decoder.decode(x)
             frames = np.asarray(self.video_processor.postprocess_video(video, output_type="np")[0], dtype=np.float32)
-            frames, left = frames[:left], left - len(frames[:left])
+            frames = frames[:left]
+            left -= len(frames)
             yield StreamedChunk(st.index, total, frames, st, time.perf_counter() - t0)
 
     def _decode(self, latents: torch.Tensor, output_type: str) -> Any:
