@@ -21,7 +21,8 @@ of 17 frames every 16 frames. Per window:
 
 Reported: the share of windows right on each attribute, over all windows and over the first and the last
 quarter of the video (drift), windows where the shape stands still or is lost, seams (the frame-to-frame change
-at chunk or window boundaries over the median change inside them), and seconds per video.
+at chunk or window boundaries over the median change inside them; for a model with VAE segments also at segment
+boundaries alone), and seconds per video.
 """
 
 from __future__ import annotations
@@ -68,11 +69,16 @@ def seam_ratio(frames: np.ndarray, boundaries: list[int]) -> float:
 
 
 def _generate_ar(pipe, prompt, seed, frames, steps, guidance=None):
+    """Frames, the first video frame of every later chunk, and of every later VAE segment (empty without)."""
     import kinegen
+    from kinegen.pipelines.wan_ar import segment_latent_frames
 
     result = kinegen.generate(pipe, prompt, seed=seed, frames=frames, steps=steps, guidance=guidance)
-    starts = np.cumsum([c["frames"] for c in result.chunks])[:-1]  # the first video frame of every later chunk
-    return result.frames, [int(b) for b in starts]
+    starts = np.cumsum([c["frames"] for c in result.chunks])[:-1]
+    seg = segment_latent_frames(pipe.segment_frames) if pipe.segment_frames else None
+    later = zip(starts, result.chunks[1:], strict=True)
+    segments = sorted({int(b) for b, c in later if seg and c["latent_frames"][0] % seg == 0})
+    return result.frames, sorted({int(b) for b in starts}), segments  # (overlapping: a segment's image chunk has 0)
 
 
 def _generate_extend(pipe, prompt, seed, frames, steps, history, overlap):
@@ -109,6 +115,9 @@ def main(argv=None) -> int:
                     help="--method ar: the KV cache's rolling window in latent frames (default: the model's)")
     ap.add_argument("--sink-frames", type=int, default=None,
                     help="--method ar: the KV cache's frame sink in latent frames (default: the model's)")
+    ap.add_argument("--segment-overlap", default=None, choices=["true", "false"],
+                    help="--method ar, a model with VAE segments: start each later segment from the previous one's "
+                         "last frame, re-encoded (default: the model's)")
     ap.add_argument("--prompt-seed", type=int, default=1,
                     help="prompts: adherence_prompts(n, split, seed=this); 1 = the benchmark's, others for tuning")
     ap.add_argument("--vae", default=None, help="decode with this VAE folder instead of the model's (one with the "
@@ -129,6 +138,10 @@ def main(argv=None) -> int:
             if args.method != "ar":
                 raise SystemExit(f"--{key.replace('_', '-')} is a setting of chunk-by-chunk models (--method ar)")
             pipe.register_to_config(**{key: getattr(args, key)})
+    if args.segment_overlap is not None:
+        if args.method != "ar" or not pipe.segment_frames:
+            raise SystemExit("--segment-overlap is a setting of chunk-by-chunk models with VAE segments")
+        pipe.register_to_config(segment_overlap=args.segment_overlap == "true")
     if args.vae:
         from diffusers import AutoencoderKLWan
 
@@ -142,8 +155,9 @@ def main(argv=None) -> int:
     records = []
     for i, (prompt, truth) in enumerate(adherence_prompts(args.prompts, args.split, seed=args.prompt_seed)):
         t0 = time.perf_counter()
+        segments = []
         if args.method == "ar":
-            frames, boundaries = _generate_ar(pipe, prompt, i, args.frames, args.steps, args.guidance)
+            frames, boundaries, segments = _generate_ar(pipe, prompt, i, args.frames, args.steps, args.guidance)
         else:
             frames, boundaries = _generate_extend(pipe, prompt, i, args.frames, args.steps, args.history,
                                                   args.overlap_frames)
@@ -154,7 +168,8 @@ def main(argv=None) -> int:
                                 frames=(np.clip(frames, 0, 1) * 255).round().astype(np.uint8))
         windows = window_scores(frames, truth, classifier, background=prompt_background(prompt))
         records.append({"prompt": prompt, "truth": truth, "seed": i, "seconds": seconds,
-                        "seam_ratio": seam_ratio(frames, boundaries), "windows": windows})
+                        "seam_ratio": seam_ratio(frames, boundaries),
+                        "segment_seam_ratio": seam_ratio(frames, segments) if segments else None, "windows": windows})
         right = {k: np.mean([w[k] for w in windows]) for k in ATTRIBUTES if windows[0][k] is not None}
         print(f"{i + 1}/{args.prompts} {prompt!r}: {seconds:.1f} s, windows right "
               + ", ".join(f"{k} {v:.0%}" for k, v in right.items())
@@ -173,7 +188,8 @@ def main(argv=None) -> int:
         "history": args.history if args.method == "window-extend" else None, "frames": args.frames,
         "guidance": args.guidance, "prompt_seed": args.prompt_seed,
         "context_noise": pipe.config.get("context_noise") if args.method == "ar" else None,
-        **({k: pipe.config.get(k) for k in ("sink_frames", "window_frames")} if args.method == "ar" else {}),
+        **({k: pipe.config.get(k) for k in ("sink_frames", "window_frames", "segment_frames", "segment_overlap")}
+           if args.method == "ar" else {}),
         "split": args.split, "prompts": args.prompts, "windows_per_video": n,
         "right": {a: share(a) for a in ATTRIBUTES},
         "first_quarter": {a: share(a, slice(0, q)) for a in ATTRIBUTES},
@@ -181,6 +197,8 @@ def main(argv=None) -> int:
         "still_windows": readings.count("still") / len(readings),
         "lost_windows": readings.count("lost") / len(readings),
         "seam_ratio": float(np.nanmean([r["seam_ratio"] for r in records])),
+        "segment_seam_ratio": (float(np.mean([r["segment_seam_ratio"] for r in records]))
+                               if records[0]["segment_seam_ratio"] is not None else None),
         "seconds_per_video": float(np.mean([r["seconds"] for r in records])),
         "videos": records,
     }

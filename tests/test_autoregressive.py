@@ -274,10 +274,43 @@ def test_vae_segments_code_the_video_in_clips_the_vae_was_trained_on(wan):
     from kinegen.training.vae import to_tensor
 
     torch.testing.assert_close(z[1:, :, 3:], pipe.vae.encode(to_tensor(clips[1:, 9:])).latent_dist.mode())
+    z = encode_segmented(pipe.vae, clips[:, :17], 9, overlap=True)  # frames 0-8, then 8-16
+    torch.testing.assert_close(z[1:, :, 3:], pipe.vae.encode(to_tensor(clips[1:, 8:17])).latent_dist.mode())
     with pytest.raises(ConfigError, match="4k \\+ 1"):
         WanAutoregressivePipeline(**wan.components, segment_frames=8)
     with pytest.raises(ConfigError, match="chunk"):
         WanAutoregressivePipeline(**wan.components, chunk_frames=3, segment_frames=9)
+
+
+@torch.no_grad()
+def test_overlapping_segments_start_from_the_previous_segments_last_frame(wan):
+    """segment_overlap: a later segment's image latent is the previous segment's last frame decoded and encoded
+    again (not generated), that frame is shown once, so 241 frames are 15 segments of 17; call and stream agree."""
+    from kinegen.pipelines.wan_ar import denormalize_latents, normalize_latents, segment_partition
+
+    assert segment_partition(241, 17, 2, overlap=True) == [1, 2, 2] * 15
+    assert segment_partition(17, 17, 2, overlap=True) == [1, 2, 2]
+    pipe = WanAutoregressivePipeline(**wan.components, chunk_frames=2, segment_frames=9, segment_overlap=True)
+    pipe.set_progress_bar_config(disable=True)
+    kw = dict(height=32, width=32, num_frames=21, num_inference_steps=2, guidance_scale=1.0)
+    assert pipe.check_frames(21) == [1, 2, 1, 2, 1, 2]  # 9 frames, 8 more, then 4 more in a segment cut short
+    latents = pipe("a red circle", generator=torch.Generator().manual_seed(0), output_type="latent", **kw).frames
+    decode = [pipe.vae.decode(denormalize_latents(pipe.vae, latents[:, :, lo:lo + 3])).sample for lo in (0, 3, 6)]
+    for k in (1, 2):  # each later image latent re-encodes the 8-bit last frame of the segment before
+        last = ((decode[k - 1][:, :, -1:].clamp(-1, 1) + 1) * 127.5).round() / 127.5 - 1
+        torch.testing.assert_close(latents[:, :, 3 * k:3 * k + 1],
+                                   normalize_latents(pipe.vae, pipe.vae.encode(last).latent_dist.mode()))
+    video = np.asarray(pipe("a red circle", generator=torch.Generator().manual_seed(0), **kw).frames[0])
+    alone = torch.cat([decode[0], decode[1][:, :, 1:], decode[2][:, :, 1:]], dim=2)
+    alone = pipe.video_processor.postprocess_video(alone, output_type="np")[0][:21]
+    np.testing.assert_allclose(video, alone, rtol=0, atol=1e-5)
+    parts = list(pipe.stream("a red circle", generator=torch.Generator().manual_seed(0), **kw))
+    assert [p.frames.shape[0] for p in parts] == [1, 8, 0, 8, 0, 4]
+    np.testing.assert_allclose(np.concatenate([p.frames for p in parts]), video, rtol=0, atol=1e-5)
+    with pytest.raises(ConfigError, match="segment_frames"):
+        WanAutoregressivePipeline(**wan.components, chunk_frames=2, segment_overlap=True)
+    with pytest.raises(ConfigError, match="first_chunk_frames"):
+        pipe.check_frames(21, first_chunk_frames=3)
 
 
 @torch.no_grad()
@@ -508,6 +541,13 @@ def test_diffusion_forcing_trains_resumes_and_exports_a_causal_pipeline(tmp_path
     pipe = kinegen.load_pipeline(str(segmented / "pipeline"))
     assert pipe.config.segment_frames == 9 and pipe.check_frames(21) == [1, 2, 1, 2, 1, 2]
     assert kinegen.generate(pipe, "a red circle", frames=21, steps=1, seed=0).frames.shape == (21, 32, 32, 3)
+    # Overlapping segments (two of 9 frames sharing frame 8; windows start every 8 frames): so does the export.
+    overlapped = tmp_path / "overlap"
+    assert main(["train", "ar", "--run", str(overlapped), *args[4:], "--steps", "2", "--frames", "17",
+                 "--segment-frames", "9", "--segment-overlap", "true", "--max-start", "32"]) == 0
+    pipe = kinegen.load_pipeline(str(overlapped / "pipeline"))
+    assert pipe.segment_overlap and pipe.check_frames(25) == [1, 2, 1, 2, 1, 2]  # 9, then 8 more twice
+    assert kinegen.generate(pipe, "a red circle", frames=25, steps=1, seed=0).frames.shape == (25, 32, 32, 3)
     assert main(["train", "ar", "--run", str(tmp_path / "short"), *args[4:], *rollouts]) == 2  # 9 frames: 2 chunks
     assert not (tmp_path / "short").exists()
     assert main(["train", "ar", "--run", str(tmp_path / "bad"), *args[4:], "--steps", "2", "--context-noise", "1"]) == 2

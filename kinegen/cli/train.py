@@ -108,7 +108,11 @@ def _check_ar_segments(cfg) -> None:
     if seg % 4 != 1 or seg < 5 or ((seg - 1) // 4) % cfg.chunk_frames:
         raise ConfigError(f"--segment-frames must be 4k + 1 frames whose k latent frames after the first split into "
                           f"chunks of --chunk-frames {cfg.chunk_frames} (17 at the defaults); got {seg}.")
-    if cfg.frames % seg or cfg.max_start % seg:
+    if cfg.segment_overlap and ((cfg.frames - 1) % (seg - 1) or cfg.max_start % (seg - 1)):
+        raise ConfigError(f"with --segment-overlap, segments of {seg} frames start every {seg - 1}: --frames must "
+                          f"be 1 + a multiple of {seg - 1} and --max-start a multiple of it (e.g. --frames "
+                          f"{2 * seg - 1} --max-start {13 * (seg - 1)}); got {cfg.frames} and {cfg.max_start}.")
+    if not cfg.segment_overlap and (cfg.frames % seg or cfg.max_start % seg):
         raise ConfigError(f"--frames and --max-start must be whole numbers of segments of --segment-frames {seg} "
                           f"(e.g. --frames {2 * seg} --max-start {12 * seg}); got {cfg.frames} and {cfg.max_start}.")
     if cfg.rollout_prob:
@@ -151,6 +155,8 @@ def check_settings(args, cfg) -> None:
                           f"{cfg.chunk_frames}; got {cfg.frames}.")
     if args.what == "ar" and cfg.segment_frames:
         _check_ar_segments(cfg)
+    if args.what == "ar" and cfg.segment_overlap and not cfg.segment_frames:
+        raise ConfigError("--segment-overlap overlaps VAE segments: give --segment-frames too (e.g. 17).")
     if getattr(cfg, "decoder_only", False) and not cfg.init:
         raise ConfigError("--decoder-only fine-tunes a trained VAE's decoder: pass --init VAE_FOLDER.")
     if args.what == "t2v":  # what train_t2v checks first, as errors rather than tracebacks

@@ -18,6 +18,11 @@ Per chunk (Self-Forcing's inference loop; ../shared/reference/autoregressive_das
 Chunks: the first holds ``first_chunk_frames`` latent frames (1: the VAE encodes the first video frame alone),
 every later one ``chunk_frames``, so a video of ``num_frames = 4k + 1`` frames (k + 1 latent frames) needs
 ``k + 1 - first_chunk_frames`` divisible by ``chunk_frames``; anything else is refused with the valid counts.
+
+VAE segments (``segment_frames``): the video is coded as clips of that many frames, each alone, as short as the
+clips the VAE was trained on (:func:`segment_partition`); each segment's first latent frame is an image latent.
+With ``segment_overlap`` a later segment's image latent is not generated: it is the previous segment's last frame,
+decoded and encoded again (:meth:`WanAutoregressivePipeline._relink`), and that frame is shown once.
 """
 
 from __future__ import annotations
@@ -59,7 +64,8 @@ class WanAutoregressiveOutput(BaseOutput):
 @dataclasses.dataclass
 class StreamedChunk:
     """One committed chunk from :meth:`WanAutoregressivePipeline.stream`: its video frames ``[F, H, W, 3]`` in
-    [0, 1] (a first chunk of one latent frame is one video frame; later latent frames are four each)."""
+    [0, 1] (a first chunk of one latent frame is one video frame; later latent frames are four each; with
+    ``segment_overlap`` a later segment's first chunk has none: its frame was the previous chunk's last)."""
 
     index: int
     num_chunks: int
@@ -75,6 +81,14 @@ def denormalize_latents(vae, latents: torch.Tensor) -> torch.Tensor:
     mean = torch.tensor(vae.config.latents_mean).view(1, vae.config.z_dim, 1, 1, 1).to(z)
     std = torch.tensor(vae.config.latents_std).view(1, vae.config.z_dim, 1, 1, 1).to(z)
     return z * std + mean
+
+
+def normalize_latents(vae, latents: torch.Tensor) -> torch.Tensor:
+    """The VAE's own latents ``[B, C, f, h, w]`` -> normalised ones, as the transformer makes them (the inverse of
+    :func:`denormalize_latents`)."""
+    mean = torch.tensor(vae.config.latents_mean).view(1, vae.config.z_dim, 1, 1, 1).to(latents)
+    std = torch.tensor(vae.config.latents_std).view(1, vae.config.z_dim, 1, 1, 1).to(latents)
+    return (latents - mean) / std
 
 
 def decode_video(pipe, latents: torch.Tensor, output_type: str = "np") -> Any:
@@ -163,11 +177,18 @@ def segment_chunks(latent_frames: int, chunk_frames: int, segment_latents: int,
 
 
 def segment_partition(num_frames: int, segment_frames: int, chunk_frames: int,
-                      first_chunk_frames: int = 1) -> list[int]:
+                      first_chunk_frames: int = 1, overlap: bool = False) -> list[int]:
     """Latent frames per chunk of a video coded in VAE segments of ``segment_frames`` video frames: whole segments,
-    then one shorter segment of whole chunks that covers the rest (its extra frames are cut after decoding)."""
+    then one shorter segment of whole chunks that covers the rest (its extra frames are cut after decoding).
+
+    ``overlap``: each later segment starts with the previous one's last frame (re-encoded, not generated), so it
+    adds ``segment_frames - 1`` new frames (241 frames: 15 segments of 17)."""
     seg = segment_latent_frames(segment_frames)
-    full, rest = divmod(num_frames, segment_frames)
+    if overlap and num_frames > segment_frames:
+        later, rest = divmod(num_frames - segment_frames, segment_frames - 1)
+        full, rest = 1 + later, rest + 1 if rest else 0  # a partial segment holds the shared frame too
+    else:
+        full, rest = divmod(num_frames, segment_frames)
     sizes = segment_chunks(full * seg, chunk_frames, seg, first_chunk_frames) if full else []
     if rest:
         need = (rest + 2) // 4 + 1  # latent frames that cover ``rest`` video frames: one, then 4 frames each
@@ -211,7 +232,7 @@ class WanAutoregressivePipeline(WanPipeline):
     def __init__(self, tokenizer, text_encoder, vae, scheduler, transformer, transformer_2=None,
                  boundary_ratio=None, expand_timesteps: bool = False, chunk_frames: int = 3,
                  first_chunk_frames: int = 1, sink_frames: int = 0, window_frames: int | None = None,
-                 context_noise: float = 0.0, segment_frames: int | None = None):
+                 context_noise: float = 0.0, segment_frames: int | None = None, segment_overlap: bool = False):
         if transformer_2 is not None or boundary_ratio is not None or expand_timesteps:
             raise ConfigError("WanAutoregressivePipeline drives one Wan 2.1-style transformer; Wan 2.2's two experts "
                               "and per-token timesteps are not supported.")
@@ -223,11 +244,15 @@ class WanAutoregressivePipeline(WanPipeline):
                 raise ConfigError(f"segment_frames {segment_frames} ({seg} latent frames) does not split into a first "
                                   f"chunk of {first_chunk_frames} and chunks of {chunk_frames}; segments of "
                                   f"4 * ({first_chunk_frames} + {chunk_frames} n - 1) + 1 frames do.")
+        if segment_overlap and (segment_frames is None or first_chunk_frames != 1):
+            raise ConfigError("segment_overlap re-encodes the previous segment's last frame as a segment's image "
+                              "latent: it needs segment_frames and first_chunk_frames 1; got segment_frames "
+                              f"{segment_frames}, first_chunk_frames {first_chunk_frames}.")
         super().__init__(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler,
                          transformer=transformer)
         self.register_to_config(chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames,
                                 sink_frames=sink_frames, window_frames=window_frames, context_noise=context_noise,
-                                segment_frames=segment_frames)
+                                segment_frames=segment_frames, segment_overlap=bool(segment_overlap))
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, allow_bidirectional: bool = False, **kwargs):
@@ -257,6 +282,12 @@ class WanAutoregressivePipeline(WanPipeline):
         """Video frames per VAE segment (None: the video is one VAE clip); see :func:`segment_partition`."""
         return self.config.get("segment_frames")
 
+    @property
+    def segment_overlap(self) -> bool:
+        """Whether each later VAE segment starts from the previous one's last frame, re-encoded (see
+        :func:`segment_partition`); False for folders saved before the setting existed."""
+        return bool(self.config.get("segment_overlap"))
+
     def latent_frames(self, num_frames: int) -> int:
         """Latent frames generated for ``num_frames`` video frames (with VAE segments, whole chunks of them)."""
         if self.segment_frames:
@@ -270,16 +301,32 @@ class WanAutoregressivePipeline(WanPipeline):
         if num_frames % self.vae_scale_factor_temporal != 1:
             raise InvalidRequestError(f"num_frames must be 4k + 1; got {num_frames}.")
         if self.segment_frames:
-            return segment_partition(num_frames, self.segment_frames, st["chunk_frames"], st["first_chunk_frames"])
+            if self.segment_overlap and st["first_chunk_frames"] != 1:
+                raise ConfigError("with segment_overlap a segment's first chunk is its image latent alone: "
+                                  f"first_chunk_frames must be 1; got {st['first_chunk_frames']}.")
+            return segment_partition(num_frames, self.segment_frames, st["chunk_frames"], st["first_chunk_frames"],
+                                     self.segment_overlap)
         return chunk_partition(self.latent_frames(num_frames), st["chunk_frames"], st["first_chunk_frames"])
 
     def _decode_segments(self, latents: torch.Tensor, num_frames: int, output_type: str) -> Any:
-        """With VAE segments: each segment's latent frames through ``vae.decode`` alone, the frames end to end, the
-        video cut to ``num_frames``."""
+        """With VAE segments: each segment's latent frames through ``vae.decode`` alone, the frames end to end (with
+        ``segment_overlap`` a later segment's first frame, the previous one's last, once), the video cut to
+        ``num_frames``."""
         seg = segment_latent_frames(self.segment_frames)
-        video = torch.cat([self.vae.decode(denormalize_latents(self.vae, latents[:, :, lo:lo + seg]),
-                                           return_dict=False)[0] for lo in range(0, latents.shape[2], seg)], dim=2)
+        parts = [self.vae.decode(denormalize_latents(self.vae, latents[:, :, lo:lo + seg]), return_dict=False)[0]
+                 for lo in range(0, latents.shape[2], seg)]
+        if self.segment_overlap:
+            parts = parts[:1] + [p[:, :, 1:] for p in parts[1:]]
+        video = torch.cat(parts, dim=2)
         return self.video_processor.postprocess_video(video[:, :, :num_frames], output_type=output_type)
+
+    def _relink(self, segment: torch.Tensor) -> torch.Tensor:
+        """With ``segment_overlap``: the image latent that starts the next segment, the last frame of ``segment``
+        (a whole segment's normalised latents) decoded as the video shows it and encoded again, alone."""
+        frames = self.vae.decode(denormalize_latents(self.vae, segment), return_dict=False)[0]
+        last = ((frames[:, :, -1:].clamp(-1, 1) + 1) * 127.5).round() / 127.5 - 1  # 8-bit, as the file holds it
+        z = self.vae.encode(last).latent_dist.mode()
+        return normalize_latents(self.vae, z).float().to(segment.device)
 
     def _forward(self, latents, t, embeds, state, *, frame_offset: int, commit: bool):
         state.frame_offset, state.commit = frame_offset, commit
@@ -331,6 +378,9 @@ class WanAutoregressivePipeline(WanPipeline):
         h, w = height // self.vae_scale_factor_spatial, width // self.vae_scale_factor_spatial
         channels = self.transformer.config.in_channels
 
+        seg = segment_latent_frames(self.segment_frames) if self.segment_frames else None
+        segment: list[torch.Tensor] = []  # with VAE segments, the chunks of the segment under way
+
         state = make_causal(self.transformer, cache_config)
         hooks = tuple(self.chunk_hooks)
         committed: dict[int, torch.Tensor] = {}  # latents of the frames in the cache as committed, for re-caching
@@ -348,17 +398,16 @@ class WanAutoregressivePipeline(WanPipeline):
                     if c > 0:
                         self._recache(state, committed, chunk_of, embeds, st["context_noise"])
                 t0 = time.perf_counter()
-                x = torch.randn((1, channels, n, h, w), generator=generator, dtype=torch.float32).to(device)
-                self.scheduler.set_timesteps(num_inference_steps, device=device)
-                for i, t in enumerate(self.scheduler.timesteps):
-                    inp = torch.cat([x, x]) if guidance_scale > 1 else x
-                    pred = self._forward(inp, t, embeds, state, frame_offset=start, commit=False).float()
-                    if guidance_scale > 1:
-                        uncond, cond = pred.chunk(2)
-                        pred = uncond + guidance_scale * (cond - uncond)
-                    x = self.scheduler.step(pred, t, x, return_dict=False)[0]
-                    if callback_on_step_end is not None:  # diffusers' convention; the step counts within the chunk
-                        callback_on_step_end(self, i, t, {"latents": x})
+                previous = None
+                if seg and start % seg == 0:  # a new VAE segment
+                    previous, segment = segment, []
+                if previous and self.segment_overlap:  # its image latent: the last frame so far, not generated
+                    x = self._relink(torch.cat(previous, dim=2))
+                else:
+                    x = self._denoise(n, h, w, channels, device, generator, num_inference_steps, guidance_scale,
+                                      embeds, state, start, callback_on_step_end)
+                if seg:
+                    segment.append(x)
                 t1 = time.perf_counter()
                 for hook in hooks:
                     hook.before_commit(x, start)
@@ -378,6 +427,22 @@ class WanAutoregressivePipeline(WanPipeline):
                 hook.end()
             state.clear()
             state.remove()
+
+    def _denoise(self, n, h, w, channels, device, generator, num_inference_steps, guidance_scale, embeds, state,
+                 start, callback_on_step_end) -> torch.Tensor:
+        """One chunk of ``n`` latent frames from fresh noise, its scheduler restarted, each step reading the cache."""
+        x = torch.randn((1, channels, n, h, w), generator=generator, dtype=torch.float32).to(device)
+        self.scheduler.set_timesteps(num_inference_steps, device=device)
+        for i, t in enumerate(self.scheduler.timesteps):
+            inp = torch.cat([x, x]) if guidance_scale > 1 else x
+            pred = self._forward(inp, t, embeds, state, frame_offset=start, commit=False).float()
+            if guidance_scale > 1:
+                uncond, cond = pred.chunk(2)
+                pred = uncond + guidance_scale * (cond - uncond)
+            x = self.scheduler.step(pred, t, x, return_dict=False)[0]
+            if callback_on_step_end is not None:  # diffusers' convention; the step counts within the chunk
+                callback_on_step_end(self, i, t, {"latents": x})
+        return x
 
     @torch.no_grad()
     def __call__(self, prompt: str | list[tuple[int, str]], negative_prompt: str | None = None, height: int = 480,
@@ -453,11 +518,13 @@ class WanAutoregressivePipeline(WanPipeline):
         left = args["num_frames"]  # frames still to give (with segments the last chunk may hold more)
         for x, st, total in self._chunks(prompt, **args):
             t0 = time.perf_counter()
+            shared = 0  # with segment_overlap, a later segment's first frame is the previous one's last
             if seg and st.frames[0] % seg == 0:  # a new VAE segment: decoded alone, from a fresh cache
                 decoder = StreamingWanDecoder(self.vae)
+                shared = int(self.segment_overlap and st.frames[0] > 0)
             video = decoder.decode(x)
             frames = np.asarray(self.video_processor.postprocess_video(video, output_type="np")[0], dtype=np.float32)
-            frames = frames[:left]
+            frames = frames[shared:shared + left]
             left -= len(frames)
             yield StreamedChunk(st.index, total, frames, st, time.perf_counter() - t0)
 

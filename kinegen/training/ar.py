@@ -47,7 +47,9 @@ Two more things bring training closer to inference:
   an image latent), as :class:`~kinegen.pipelines.WanAutoregressivePipeline` generates and decodes with
   ``segment_frames``: a VAE trained on short clips does not code longer ones (docs/autoregressive.md, Design).
   Windows start at segment starts; a later one keeps all its latent frames after the sink, so a batch holds one
-  kind (:func:`segment_batch`). (Tried as a fine-tune of the shipped weights; not shipped.)
+  kind (:func:`segment_batch`). With ``segment_overlap`` a segment starts on the previous one's last frame, as
+  the pipeline then re-encodes it (windows of 33 frames are two segments of 17). (Tried as a fine-tune of the
+  shipped weights; not shipped.)
 - **Noisy context** (``context_noise``, teacher forcing only): the clean copy is noised to this level,
   ``(1 - s) x_0 + s e`` at timestep ``1000 s``, as the exported pipeline (whose ``context_noise`` it sets) commits
   chunks; the model learns to continue from history whose fine detail it cannot trust.
@@ -86,24 +88,33 @@ CHUNK = 64
 
 def _window(cfg: ARTrainConfig, i: int) -> tuple[int, int]:
     """(clip seed, start frame) of training window ``i``: from frame 0 or, with ``offset_prob``, a later
-    multiple of 4 (of ``segment_frames`` with segments: windows start where the pipeline's segments do) up to
+    multiple of 4 (of :func:`segment_stride` with segments: windows start where the pipeline's segments do) up to
     ``max_start``."""
     rng = np.random.default_rng(2_000_000 + cfg.seed * 100_003 + i)
-    unit = cfg.segment_frames or 4
+    unit = segment_stride(cfg) or 4
     start = 0 if rng.random() >= cfg.offset_prob else unit * int(rng.integers(1, cfg.max_start // unit + 1))
     return 3_000_000 + cfg.seed * 100_000_007 + i, start
 
 
-def encode_segmented(vae, clips: np.ndarray, segment_frames: int) -> torch.Tensor:
+def segment_stride(cfg: ARTrainConfig) -> int:
+    """Video frames from one segment's start to the next (0: no segments): ``segment_frames``, one less when
+    segments overlap by a frame."""
+    return cfg.segment_frames - 1 if cfg.segment_frames and cfg.segment_overlap else cfg.segment_frames
+
+
+def encode_segmented(vae, clips: np.ndarray, segment_frames: int, overlap: bool = False) -> torch.Tensor:
     """VAE latents ``[B, C, F, h, w]`` of uint8 clips ``[B, T, H, W, 3]`` coded as segments of ``segment_frames``
     frames, each alone (the first frame of each coded as an image), their latent frames end to end: the layout
-    of :class:`~kinegen.pipelines.WanAutoregressivePipeline` with ``segment_frames``. ``0``: each clip whole."""
+    of :class:`~kinegen.pipelines.WanAutoregressivePipeline` with ``segment_frames``. ``0``: each clip whole.
+    ``overlap``: a segment starts on the previous one's last frame (``T = 1 + n (segment_frames - 1)``)."""
     if not segment_frames:
         return vae.encode(to_tensor(clips)).latent_dist.mode()
     b, t = clips.shape[:2]
-    z = vae.encode(to_tensor(clips.reshape(b * (t // segment_frames), segment_frames, *clips.shape[2:])))
-    z = z.latent_dist.mode()
-    z = z.view(b, t // segment_frames, *z.shape[1:]).transpose(1, 2)  # [B, C, segments, latents, h, w]
+    stride = segment_frames - 1 if overlap else segment_frames
+    n = (t - 1) // stride if overlap else t // stride
+    parts = np.stack([clips[:, i * stride:i * stride + segment_frames] for i in range(n)], axis=1)
+    z = vae.encode(to_tensor(parts.reshape(b * n, segment_frames, *clips.shape[2:]))).latent_dist.mode()
+    z = z.view(b, n, *z.shape[1:]).transpose(1, 2)  # [B, C, segments, latents, h, w]
     return z.reshape(b, z.shape[1], -1, *z.shape[-2:])
 
 
@@ -126,7 +137,7 @@ def encode_windows(run_dir: Path, cfg: ARTrainConfig, vae) -> tuple[torch.Tensor
             for j in range(0, len(part), 4):
                 clips = np.stack([render_long_clip(sample_clip(seed, split="train"), cfg.frames, cfg.size, cfg.size,
                                                    start=start) for seed, start in part[j:j + 4]])
-                lat.append(encode_segmented(vae, clips, cfg.segment_frames))
+                lat.append(encode_segmented(vae, clips, cfg.segment_frames, cfg.segment_overlap))
             save_file({"latents": ((torch.cat(lat) - mean) / std).half().contiguous()}, str(path))
             print(f"encoded windows chunk {c + 1}/{n_chunks} ({(c + 1) * CHUNK / (time.perf_counter() - t0):.1f} "
                   "windows/s)", flush=True)
@@ -180,7 +191,7 @@ def segment_batch(latents, sinks, starts, cfg: ARTrainConfig, segment_latents: i
     pool = torch.nonzero(later == use_later)[:, 0]
     idx = pool[torch.randint(len(pool), (cfg.batch_size,), generator=gen)]
     x0 = latents[idx]
-    first = starts[idx] // cfg.segment_frames * segment_latents  # the window's first latent frame in the video
+    first = starts[idx] // segment_stride(cfg) * segment_latents  # the window's first latent frame in the video
     positions = torch.arange(x0.shape[2]).view(1, -1) + first.view(-1, 1)
     if use_later and sinks is not None:
         x0 = torch.cat([sinks[idx], x0], dim=2)
@@ -381,15 +392,16 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
 
     init = Path(cfg.init) if cfg.init else ASSETS_DIR / "models" / "kinegen-shapes-t2v"
     seg = segment_latent_frames(cfg.segment_frames) if cfg.segment_frames else 0
+    covered = cfg.frames - 1 if seg and cfg.segment_overlap else cfg.frames  # overlapping: after the first frame
     if seg:
-        if cfg.frames % cfg.segment_frames:
+        if covered % segment_stride(cfg):
             raise ValueError(f"--frames must be a whole number of segments of --segment-frames "
-                             f"{cfg.segment_frames}; got {cfg.frames}")
+                             f"{cfg.segment_frames} (overlapping by a frame with --segment-overlap); got {cfg.frames}")
         if cfg.rollout_prob:
             raise ValueError("--rollout-prob does not support --segment-frames yet; leave one of them out")
     elif cfg.frames % 4 != 1:
         raise ValueError(f"--frames must be 4k + 1; got {cfg.frames}")
-    latent_frames = cfg.frames // cfg.segment_frames * seg if seg else (cfg.frames - 1) // 4 + 1
+    latent_frames = covered // segment_stride(cfg) * seg if seg else (cfg.frames - 1) // 4 + 1
     ids = chunk_ids(latent_frames, cfg.chunk_frames, seg)  # a frame count that does not split fails here
     KVCacheConfig(sink_frames=cfg.sink_frames, window_frames=cfg.window_frames)  # the export's cache, checked now
     if cfg.window_frames < cfg.chunk_frames:
@@ -476,7 +488,8 @@ def export_ar_pipeline(folder: Path, base, transformer, cfg: ARTrainConfig) -> P
                                      scheduler=build_scheduler(cfg.flow_shift), transformer=transformer.eval(),
                                      chunk_frames=cfg.chunk_frames, sink_frames=cfg.sink_frames,
                                      window_frames=cfg.window_frames, context_noise=cfg.context_noise,
-                                     segment_frames=cfg.segment_frames or None)
+                                     segment_frames=cfg.segment_frames or None,
+                                     segment_overlap=bool(cfg.segment_frames and cfg.segment_overlap))
     pipe.save_pretrained(folder, safe_serialization=True)
     # 20 steps per chunk, as the bundled model samples: diffusion forcing does not distil the sampler (a few-step
     # student, as Self-Forcing's 4 steps, would be a further stage). 121 frames at 24 fps: a 5-second video.
