@@ -74,20 +74,25 @@ class StreamedChunk:
     decode_s: float
 
 
+def _latent_stats(vae, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The VAE's per-channel latent mean and std ``[1, C, 1, 1, 1]``, on ``like``'s device and dtype."""
+    shape = (1, vae.config.z_dim, 1, 1, 1)
+    return (torch.tensor(vae.config.latents_mean).view(shape).to(like),
+            torch.tensor(vae.config.latents_std).view(shape).to(like))
+
+
 def denormalize_latents(vae, latents: torch.Tensor) -> torch.Tensor:
     """Normalised latents ``[B, C, f, h, w]`` (as Wan's transformer makes them) -> the VAE's own latent scale, on its
     device and dtype (what ``WanPipeline`` does before ``vae.decode``)."""
     z = latents.to(vae.device, vae.dtype)
-    mean = torch.tensor(vae.config.latents_mean).view(1, vae.config.z_dim, 1, 1, 1).to(z)
-    std = torch.tensor(vae.config.latents_std).view(1, vae.config.z_dim, 1, 1, 1).to(z)
+    mean, std = _latent_stats(vae, z)
     return z * std + mean
 
 
 def normalize_latents(vae, latents: torch.Tensor) -> torch.Tensor:
     """The VAE's own latents ``[B, C, f, h, w]`` -> normalised ones, as the transformer makes them (the inverse of
     :func:`denormalize_latents`)."""
-    mean = torch.tensor(vae.config.latents_mean).view(1, vae.config.z_dim, 1, 1, 1).to(latents)
-    std = torch.tensor(vae.config.latents_std).view(1, vae.config.z_dim, 1, 1, 1).to(latents)
+    mean, std = _latent_stats(vae, latents)
     return (latents - mean) / std
 
 

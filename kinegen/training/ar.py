@@ -70,7 +70,13 @@ from safetensors.torch import load_file, save_file
 from ..data.shapes import render_long_clip, sample_clip
 from ..models.shapes_t2v import build_scheduler
 from ..pipelines.causal_wan import KVCacheConfig, make_causal
-from ..pipelines.wan_ar import chunk_partition, context_latents, segment_chunks, segment_latent_frames
+from ..pipelines.wan_ar import (
+    chunk_partition,
+    context_latents,
+    normalize_latents,
+    segment_chunks,
+    segment_latent_frames,
+)
 from .common import Progress, TimeBox, cosine_lr, load_checkpoint
 from .configs import ARTrainConfig
 from .t2v import (
@@ -123,8 +129,6 @@ def encode_windows(run_dir: Path, cfg: ARTrainConfig, vae) -> tuple[torch.Tensor
     """Normalised VAE latents ``[N, C, F, h, w]`` of the training windows, encoded once in resumable chunks."""
     folder = run_dir / "latents"
     folder.mkdir(parents=True, exist_ok=True)
-    mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
-    std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
     windows = [_window(cfg, i) for i in range(cfg.dataset_windows)]
     chunks = []
     n_chunks = (len(windows) + CHUNK - 1) // CHUNK
@@ -138,7 +142,7 @@ def encode_windows(run_dir: Path, cfg: ARTrainConfig, vae) -> tuple[torch.Tensor
                 clips = np.stack([render_long_clip(sample_clip(seed, split="train"), cfg.frames, cfg.size, cfg.size,
                                                    start=start) for seed, start in part[j:j + 4]])
                 lat.append(encode_segmented(vae, clips, cfg.segment_frames, cfg.segment_overlap))
-            save_file({"latents": ((torch.cat(lat) - mean) / std).half().contiguous()}, str(path))
+            save_file({"latents": normalize_latents(vae, torch.cat(lat)).half().contiguous()}, str(path))
             print(f"encoded windows chunk {c + 1}/{n_chunks} ({(c + 1) * CHUNK / (time.perf_counter() - t0):.1f} "
                   "windows/s)", flush=True)
         chunks.append(load_file(str(path))["latents"])
@@ -151,14 +155,12 @@ def encode_sinks(run_dir: Path, cfg: ARTrainConfig, vae, windows: list[tuple[int
     encoded once into ``run_dir/latents/sinks.safetensors``."""
     path = run_dir / "latents" / "sinks.safetensors"
     if not path.is_file():
-        mean = torch.tensor(vae.config.latents_mean).view(1, -1, 1, 1, 1)
-        std = torch.tensor(vae.config.latents_std).view(1, -1, 1, 1, 1)
         lat = []
         for j in range(0, len(windows), 32):
             first = np.stack([render_long_clip(sample_clip(seed, split="train"), 1, cfg.size, cfg.size, start=0)
                               for seed, _ in windows[j:j + 32]])
             lat.append(vae.encode(to_tensor(first)).latent_dist.mode())
-        save_file({"latents": ((torch.cat(lat) - mean) / std).half().contiguous()}, str(path))
+        save_file({"latents": normalize_latents(vae, torch.cat(lat)).half().contiguous()}, str(path))
         print(f"encoded {len(windows)} sink frames", flush=True)
     return load_file(str(path))["latents"].float()
 
