@@ -27,7 +27,7 @@ def test_parse_spec_coerces_types():
 @pytest.mark.parametrize(
     "spec, fragment",
     [
-        ("nosuch", "Valid names: first-block, taylorseer, mag, pab, faster"),
+        ("nosuch", "Valid names: dasa, dense-attention, faster, first-block, hva, kmeans-sparse, mag, mapguided"),
         ("first-block:thresh=0.1", "Valid keys: threshold"),
         ("first-block:threshold=abc", "is not a valid float"),
         ("first-block:threshold", "expected key=value"),

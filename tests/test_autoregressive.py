@@ -170,22 +170,29 @@ def test_training_in_the_cache_layout_is_what_the_rolling_cache_computes(wan):
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("context_noise", [0.0, 0.2])
-def test_teacher_forcing_in_one_forward_is_what_the_sampler_computes(wan, context_noise):
+@pytest.mark.parametrize("context_noise, window", [(0.0, None), (0.2, None), (0.0, 2)])
+def test_teacher_forcing_in_one_forward_is_what_the_sampler_computes(wan, context_noise, window):
     """One forward over [clean window; noisy copy] with the teacher-forcing mask gives, for each noisy chunk, what a
     denoising forward of that chunk gives against a cache of the clean chunks committed before it (committed
-    clean, or noised to a context-noise level at its timestep, as ``kinegen train ar --context-noise`` trains)."""
-    from kinegen.pipelines.causal_wan import teacher_forcing_mask
+    clean, or noised to a context-noise level at its timestep, as ``kinegen train ar --context-noise`` trains;
+    with a rolling window, only the frames that cache keeps: here the sink and the last one)."""
+    from kinegen.pipelines.causal_wan import block_causal_mask, history_window, teacher_forcing_mask
 
     assert teacher_forcing_mask(torch.tensor([0, 1]), 1).int().tolist() == [
         [1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [1, 0, 0, 1]]
+    rolling = KVCacheConfig(sink_frames=1, window_frames=3)
+    assert history_window(torch.tensor([0, 1, 1, 2, 2, 3]), rolling).int().tolist() == [
+        [0, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0], [1, 1, 1, 0, 0, 0], [1, 0, 0, 1, 1, 0]]
+    assert block_causal_mask(torch.tensor([0, 1, 1, 2]), 1, KVCacheConfig(1, 2)).int().tolist() == [
+        [1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 1, 0], [1, 0, 1, 1]]
     tr = wan.transformer
     clean, text, _ = _inputs(tr, frames=5)
     noisy = torch.randn_like(clean)
     clean = (1 - context_noise) * clean + context_noise * torch.randn_like(clean)
     t_noisy = torch.tensor([0.0, 300.0, 300.0, 700.0, 700.0])  # per latent frame: chunk 0 at 0 (a sink), 1, 2
     tokens = 16
-    state = make_causal(tr)
+    state = make_causal(tr, None if window is None else KVCacheConfig(sink_frames=1, window_frames=window))
     try:
         state.chunk_ids, state.teacher_forcing = torch.tensor([0, 1, 1, 2, 2]), True
         state.frame_positions = torch.tensor([[0, 5, 6, 7, 8] * 2])

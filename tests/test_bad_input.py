@@ -31,7 +31,7 @@ from kinegen.loading import ASSETS_DIR, resolve_model
     (["--steps", "100000"], "steps must be an integer between 1 and 1000"),
     (["--guidance", "nan"], "guidance must be a number between 0 and 100"),
     (["--seed", "-1"], "seed must be an integer"),
-    (["--cache", "nosuch"], "Unknown accelerator 'nosuch'. Valid names: first-block"),
+    (["--cache", "nosuch"], "Unknown accelerator 'nosuch'. Valid names: dasa, dense-attention, faster, first-block"),
     (["--cache", "first-block:foo=1"], "unknown key 'foo'. Valid keys: threshold"),
     (["--cache", "mag:threshold=high"], "threshold='high' is not a valid float"),
     (["--true-cfg-scale", "3"], "true_cfg_scale applies to guidance-distilled models"),
@@ -213,7 +213,7 @@ def test_profile_needs_a_config(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--config", "nosuch"], "Unknown accelerator 'nosuch'. Valid names: first-block"),
+    (["--config", "nosuch"], "Unknown accelerator 'nosuch'. Valid names: dasa, dense-attention, faster, first-block"),
     (["--config", "+"], "Empty configuration '+'."),
     (["--config", "first-block+mag"], "Only one cache accelerator at a time; got first-block, mag."),
     (["--config", "first-block:threshold=-1"], "first-block: threshold must be >= 0"),
@@ -532,7 +532,7 @@ def test_accelerate_rejects_bad_specs(wan, gan):
 
 @pytest.mark.parametrize("spec, kind, message", [
     ("", None, "An accelerator spec must be a non-empty string such as 'first-block:threshold=0.08'."),
-    ("nosuch", None, "Unknown accelerator 'nosuch'. Valid names: first-block, taylorseer"),
+    ("nosuch", None, "Unknown accelerator 'nosuch'. Valid names: dasa, dense-attention, faster, first-block"),
     ("first-block:threshold", None, "first-block: expected key=value, got 'threshold'."),
     ("first-block:threshold=", None, "first-block: threshold='' is not a valid float."),
     ("first-block:threshold=nan", None, "first-block: threshold='nan' is not a valid float."),

@@ -140,11 +140,12 @@ def register_accelerator(name: str, config_cls: type, apply: Callable, *, kind: 
 
 
 def get_accelerator(name: str) -> Accelerator:
-    """A registered accelerator by name; the error lists the registered names."""
+    """A registered accelerator by name; the error lists the registered names (sorted: the registration order
+    depends on which package was imported first)."""
     try:
         return ACCELERATORS[name]
     except KeyError:
-        raise ConfigError(f"Unknown accelerator {name!r}. Valid names: {', '.join(ACCELERATORS)}.") from None
+        raise ConfigError(f"Unknown accelerator {name!r}. Valid names: {', '.join(sorted(ACCELERATORS))}.") from None
 
 
 # ---------------------------------------------------------------------------- configs from text

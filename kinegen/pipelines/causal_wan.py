@@ -173,7 +173,8 @@ class CausalWanState:
         frame_offset: the absolute latent-frame index of the input's first frame (its RoPE phase).
         commit: append this forward's keys and values to the cache (a committed chunk's clean pass).
         chunk_ids: for a whole-sequence forward, the chunk of each latent frame; queries then see keys of their
-            own and earlier chunks (the block-causal mask) and the cache is neither read nor written.
+            own chunk and of the earlier frames a cache of ``cache_config`` would hold (the block-causal mask), and
+            the cache is neither read nor written.
         teacher_forcing: with ``chunk_ids``, the input is a clean sequence followed by its noisy copy, masked by
             :func:`teacher_forcing_mask` (``chunk_ids`` covers one copy).
         frame_positions: for a whole-sequence forward, ``[batch, frames]`` absolute latent-frame index of each
@@ -291,23 +292,42 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     return out.type_as(x)
 
 
-def block_causal_mask(chunk_ids: torch.Tensor, tokens_per_frame: int) -> torch.Tensor:
-    """Boolean ``[tokens, tokens]``: query token i may see key token j when j's chunk is not after i's."""
-    per_token = chunk_ids.repeat_interleave(tokens_per_frame)
-    return per_token[None, :] <= per_token[:, None]
+def history_window(chunk_ids: torch.Tensor, cache_config: KVCacheConfig | None = None) -> torch.Tensor:
+    """Boolean ``[frames, frames]``: latent frame i may see frame j of an earlier chunk, as the sampler's cache holds
+    history when i's chunk is denoised or committed: every earlier frame with a global cache; with a rolling window
+    the first ``sink_frames`` frames and the ``window_frames - sink_frames`` frames just before i's chunk
+    (:meth:`LayerKVCache.evict` after each commit)."""
+    f = len(chunk_ids)
+    idx = torch.arange(f, device=chunk_ids.device)
+    first = torch.searchsorted(chunk_ids, chunk_ids)  # where each frame's chunk starts (chunk ids never decrease)
+    earlier = chunk_ids[None, :] < chunk_ids[:, None]
+    if cache_config is None or cache_config.window_frames is None:
+        return earlier
+    recent = idx[None, :] >= (first - (cache_config.window_frames - cache_config.sink_frames))[:, None]
+    return earlier & ((idx[None, :] < cache_config.sink_frames) | recent)
 
 
-def teacher_forcing_mask(chunk_ids: torch.Tensor, tokens_per_frame: int) -> torch.Tensor:
+def block_causal_mask(chunk_ids: torch.Tensor, tokens_per_frame: int,
+                      cache_config: KVCacheConfig | None = None) -> torch.Tensor:
+    """Boolean ``[tokens, tokens]``: query token i may see key token j of its own chunk and of the earlier frames
+    the cache would hold (:func:`history_window`; all earlier chunks by default)."""
+    same = chunk_ids[None, :] == chunk_ids[:, None]
+    frames = history_window(chunk_ids, cache_config) | same
+    return frames.repeat_interleave(tokens_per_frame, 0).repeat_interleave(tokens_per_frame, 1)
+
+
+def teacher_forcing_mask(chunk_ids: torch.Tensor, tokens_per_frame: int,
+                         cache_config: KVCacheConfig | None = None) -> torch.Tensor:
     """Boolean ``[2 tokens, 2 tokens]`` over a clean sequence followed by its noisy copy (teacher forcing): a clean
-    token sees clean tokens of chunks up to its own (what the commit passes compute), a noisy token sees clean
-    tokens of earlier chunks and noisy tokens of its own chunk (what a denoising forward sees: the cache, then
-    itself)."""
-    c = chunk_ids.repeat_interleave(tokens_per_frame)
-    same = c[None, :] == c[:, None]
-    before = c[None, :] < c[:, None]
-    clean_rows = torch.cat([before | same, torch.zeros_like(same)], dim=1)
-    noisy_rows = torch.cat([before, same], dim=1)
-    return torch.cat([clean_rows, noisy_rows], dim=0)
+    token sees the clean history its chunk's commit pass sees and clean tokens of its own chunk, a noisy token sees
+    the same clean history and noisy tokens of its own chunk (what a denoising forward sees: the cache, then
+    itself). The history is every earlier chunk, or with a rolling window what the cache keeps
+    (:func:`history_window`)."""
+    same = chunk_ids[None, :] == chunk_ids[:, None]
+    before = history_window(chunk_ids, cache_config)
+    frames = torch.cat([torch.cat([before | same, torch.zeros_like(same)], dim=1),
+                        torch.cat([before, same], dim=1)], dim=0)
+    return frames.repeat_interleave(tokens_per_frame, 0).repeat_interleave(tokens_per_frame, 1)
 
 
 class CausalWanSelfAttention:
@@ -326,7 +346,7 @@ class CausalWanSelfAttention:
         s = self.state
         if s.chunk_ids is not None:  # one forward over the whole sequence, block-causal
             masking = teacher_forcing_mask if s.teacher_forcing else block_causal_mask
-            mask = masking(s.chunk_ids.to(q.device), s.tokens_per_frame)
+            mask = masking(s.chunk_ids.to(q.device), s.tokens_per_frame, s.cache_config)
             keys, values = k, v
         else:
             keys, values, mask = self.history(k, v)

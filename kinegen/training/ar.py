@@ -26,7 +26,9 @@ Two more things bring training closer to inference:
   ``cache_layout`` and ``sink_frames > 0`` a window that starts later in the video is trained that way: its first
   latent frame (the start frame coded alone) is replaced by the clip's first latent frame at position 0 and the
   rest keep their positions in the video (:attr:`CausalWanState.frame_positions`), so the gap between the sink
-  and the window is one the model has seen.
+  and the window is one the model has seen. And a chunk sees only the history that cache keeps (the sink and the
+  last ``window_frames - sink_frames`` frames before it: :func:`kinegen.pipelines.causal_wan.history_window`),
+  which binds once a window is longer than the cache (``--frames 49`` in segments of 17 at the default 9).
 - **Its own errors** (error recycling, Stable Video Infinity's fine-tune, our reading): with ``recycle_prob`` a
   step first noises the clean history (level up to ``recycle_sigma``) and asks the model for it back,
   ``x_0_hat = x_t - s v_theta``; that estimate, with the model's blur and colour errors in it, is the history the
@@ -405,7 +407,7 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
         raise ValueError(f"--frames must be 4k + 1; got {cfg.frames}")
     latent_frames = covered // segment_stride(cfg) * seg if seg else (cfg.frames - 1) // 4 + 1
     ids = chunk_ids(latent_frames, cfg.chunk_frames, seg)  # a frame count that does not split fails here
-    KVCacheConfig(sink_frames=cfg.sink_frames, window_frames=cfg.window_frames)  # the export's cache, checked now
+    cache = KVCacheConfig(sink_frames=cfg.sink_frames, window_frames=cfg.window_frames)  # the export's, checked now
     if cfg.window_frames < cfg.chunk_frames:
         raise ValueError(f"--window-frames {cfg.window_frames} is smaller than a chunk ({cfg.chunk_frames})")
     run_dir = Path(run_dir)
@@ -424,7 +426,7 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
     cross = PaddedTextCrossAttention()
     for block in transformer.blocks:
         block.attn2.set_processor(cross)
-    state = make_causal(transformer)
+    state = make_causal(transformer, cache)  # a chunk's history in training is what this cache keeps at inference
     scheduler = build_scheduler(cfg.flow_shift)  # the export's sampler, for the rollouts
     params = list(transformer.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.01, betas=(0.9, 0.99))
