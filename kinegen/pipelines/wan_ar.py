@@ -313,23 +313,30 @@ class WanAutoregressivePipeline(WanPipeline):
                                      self.segment_overlap)
         return chunk_partition(self.latent_frames(num_frames), st["chunk_frames"], st["first_chunk_frames"])
 
-    def _decode_segments(self, latents: torch.Tensor, num_frames: int, output_type: str) -> Any:
-        """With VAE segments: each segment's latent frames through ``vae.decode`` alone, the frames end to end (with
-        ``segment_overlap`` a later segment's first frame, the previous one's last, once), the video cut to
-        ``num_frames``."""
+    def _decode_segment(self, latents: torch.Tensor) -> torch.Tensor:
+        """One VAE segment's normalised latents through ``vae.decode`` alone: frames in [-1, 1]."""
+        return self.vae.decode(denormalize_latents(self.vae, latents), return_dict=False)[0]
+
+    def _decode_segments(self, latents: torch.Tensor, num_frames: int, output_type: str,
+                         decoded: list[torch.Tensor] = ()) -> Any:
+        """With VAE segments: each segment's latent frames through ``vae.decode`` alone (the first ones from
+        ``decoded`` where the run already decoded them), the frames end to end (with ``segment_overlap`` a later
+        segment's first frame, the previous one's last, once), the video cut to ``num_frames``."""
         seg = segment_latent_frames(self.segment_frames)
-        parts = [self.vae.decode(denormalize_latents(self.vae, latents[:, :, lo:lo + seg]), return_dict=False)[0]
-                 for lo in range(0, latents.shape[2], seg)]
+        parts = list(decoded) + [self._decode_segment(latents[:, :, lo:lo + seg])
+                                 for lo in range(len(decoded) * seg, latents.shape[2], seg)]
         if self.segment_overlap:
             parts = parts[:1] + [p[:, :, 1:] for p in parts[1:]]
         video = torch.cat(parts, dim=2)
         return self.video_processor.postprocess_video(video[:, :, :num_frames], output_type=output_type)
 
-    def _relink(self, segment: torch.Tensor) -> torch.Tensor:
+    def _relink(self, segment: torch.Tensor, last_frame: Callable[[torch.Tensor], torch.Tensor] | None = None
+                ) -> torch.Tensor:
         """With ``segment_overlap``: the image latent that starts the next segment, the last frame of ``segment``
-        (a whole segment's normalised latents) decoded as the video shows it and encoded again, alone."""
-        frames = self.vae.decode(denormalize_latents(self.vae, segment), return_dict=False)[0]
-        last = ((frames[:, :, -1:].clamp(-1, 1) + 1) * 127.5).round() / 127.5 - 1  # 8-bit, as the file holds it
+        (a whole segment's normalised latents) decoded as the video shows it and encoded again, alone.
+        ``last_frame(segment)`` gives that decoded frame where the caller has it already (default: decode it)."""
+        frame = last_frame(segment) if last_frame is not None else self._decode_segment(segment)[:, :, -1:]
+        last = ((frame.clamp(-1, 1) + 1) * 127.5).round() / 127.5 - 1  # 8-bit, as the file holds it
         z = self.vae.encode(last).latent_dist.mode()
         return normalize_latents(self.vae, z).float().to(segment.device)
 
@@ -364,9 +371,10 @@ class WanAutoregressivePipeline(WanPipeline):
 
     def _chunks(self, prompt, negative_prompt, height, width, num_frames, num_inference_steps, guidance_scale,
                 chunk_frames, first_chunk_frames, sink_frames, window_frames, generator, max_sequence_length,
-                callback_on_step_end=None, context_noise=None):
+                callback_on_step_end=None, context_noise=None, last_frame=None):
         """Denoise and commit chunk after chunk, yielding ``(chunk_latents, ChunkStats)``; the model is restored when
-        the generator finishes or is closed."""
+        the generator finishes or is closed. ``last_frame``: see :meth:`_relink` (the caller decodes each segment
+        once and hands its last frame over, rather than it being decoded twice)."""
         device = self._execution_device
         self._max_sequence_length = max_sequence_length
         st = self._settings(chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames,
@@ -407,7 +415,7 @@ class WanAutoregressivePipeline(WanPipeline):
                 if seg and start % seg == 0:  # a new VAE segment
                     previous, segment = segment, []
                 if previous and self.segment_overlap:  # its image latent: the last frame so far, not generated
-                    x = self._relink(torch.cat(previous, dim=2))
+                    x = self._relink(torch.cat(previous, dim=2), last_frame)
                 else:
                     x = self._denoise(n, h, w, channels, device, generator, num_inference_steps, guidance_scale,
                                       embeds, state, start, callback_on_step_end)
@@ -478,9 +486,16 @@ class WanAutoregressivePipeline(WanPipeline):
         Returns a :class:`WanAutoregressiveOutput` (``return_dict=False``: ``(frames, chunk_stats)``).
         """
         chunks, stats = [], []
+        decoded: list[torch.Tensor] = []  # with segment_overlap, the segments decoded so far (for the next one)
+
+        def last_frame(segment: torch.Tensor) -> torch.Tensor:
+            decoded.append(self._decode_segment(segment))
+            return decoded[-1][:, :, -1:]
+
         run = self._chunks(prompt, negative_prompt, height, width, num_frames, num_inference_steps, guidance_scale,
                            chunk_frames, first_chunk_frames, sink_frames, window_frames, generator,
-                           max_sequence_length, callback_on_step_end, context_noise)
+                           max_sequence_length, callback_on_step_end, context_noise,
+                           last_frame if output_type != "latent" else None)
         bar = None
         for x, st, total in run:
             if bar is None:
@@ -496,7 +511,7 @@ class WanAutoregressivePipeline(WanPipeline):
         if output_type == "latent":
             video = latents
         elif self.segment_frames:
-            video = self._decode_segments(latents, num_frames, output_type)
+            video = self._decode_segments(latents, num_frames, output_type, decoded)
         else:
             video = self._decode(latents, output_type)
         return WanAutoregressiveOutput(frames=video, chunk_stats=stats) if return_dict else (video, stats)
@@ -521,13 +536,15 @@ class WanAutoregressivePipeline(WanPipeline):
         args.update(kwargs)
         seg = segment_latent_frames(self.segment_frames) if self.segment_frames else None
         left = args["num_frames"]  # frames still to give (with segments the last chunk may hold more)
-        for x, st, total in self._chunks(prompt, **args):
+        shown: list[torch.Tensor] = []  # the last chunk's decoded frames: a new segment starts on its last one
+        for x, st, total in self._chunks(prompt, **args, last_frame=lambda segment: shown[-1][:, :, -1:]):
             t0 = time.perf_counter()
             shared = 0  # with segment_overlap, a later segment's first frame is the previous one's last
             if seg and st.frames[0] % seg == 0:  # a new VAE segment: decoded alone, from a fresh cache
                 decoder = StreamingWanDecoder(self.vae)
                 shared = int(self.segment_overlap and st.frames[0] > 0)
             video = decoder.decode(x)
+            shown[:] = [video]
             frames = np.asarray(self.video_processor.postprocess_video(video, output_type="np")[0], dtype=np.float32)
             frames = frames[shared:shared + left]
             left -= len(frames)
