@@ -364,6 +364,25 @@ def test_a_prompt_switch_keeps_its_chunk_whole_and_recaches_the_compressed_windo
 
 
 @torch.no_grad()
+def test_a_relinked_segment_start_is_kept_whole_not_called_a_scene_change(ar):
+    """With overlapping VAE segments each later segment starts on an image latent re-encoded from the frame shown:
+    kept whole, left out of the dynamics (its difference from the 4-frame latents is not motion), not a keyframe."""
+    from kinegen.pipelines import WanAutoregressivePipeline
+
+    pipe = WanAutoregressivePipeline(**ar.components, chunk_frames=2, sink_frames=1, window_frames=5,
+                                     segment_frames=9, segment_overlap=True)
+    pipe.set_progress_bar_config(disable=True)
+    assert pipe.check_frames(33) == [1, 2] * 4 and [pipe.relinks(f) for f in (0, 1, 3, 6, 9)] == [
+        False, False, True, True, True]
+    out, stats = _run(pipe, DASAConfig(**COMPRESS, anchor_every=0))  # no anchors: only keyframes kept whole
+    chunks = stats["chunks"]
+    assert [c["keyframe"] for c in chunks][::2] == [True, False, False, False]  # chunk 0, then the relinked ones
+    assert all(c["kept_share"] == 1.0 for c in chunks[::2]) and all(c["kept_share"] < 1 for c in chunks[3::2])
+    assert stats["scene_changes"] == 0 and stats["kv_bytes"] < stats["dense_kv_bytes"]
+    assert torch.isfinite(out.frames).all()
+
+
+@torch.no_grad()
 def test_remove_restores_the_pipeline(ar, dense):
     handle = apply_dasa(ar, DASAConfig(**COMPRESS))
     with pytest.raises(ConfigError, match="already applied"):

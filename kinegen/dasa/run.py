@@ -69,6 +69,7 @@ class _Chunk:
     densities: list = dataclasses.field(default_factory=list)
     kept_share: float = 1.0
     keyframe: bool = True
+    relinked: bool = False  # a later VAE segment's re-encoded image latent (segment_overlap): kept, not tracked
 
 
 class DASARun:
@@ -112,7 +113,7 @@ class DASARun:
 
     def before_chunk(self, index: int, frame_offset: int, frames: int, steps: int, new_prompt: bool) -> None:
         self._close_chunk()
-        chunk = _Chunk(index, frames, steps, new_prompt)
+        chunk = _Chunk(index, frames, steps, new_prompt, relinked=self.pipe.relinks(frame_offset))
         dyn = self.tracker.dynamic
         if not (new_prompt or self.tracker.keyframe or dyn is None or self.config.compute == "none"):
             static = ~dyn.flatten()
@@ -128,6 +129,13 @@ class DASARun:
 
     def before_commit(self, latents: torch.Tensor, frame_offset: int) -> None:
         chunk = self.chunk
+        if chunk.relinked and not chunk.new_prompt:
+            # The frame just shown coded again as an image latent: another kind of latent than the 4-frame ones
+            # around it, so its difference from them is not motion (it would read as a scene change every
+            # segment). Kept whole as the segment's anchor; the dynamics go on from the previous latent frame.
+            self.frame_masks[frame_offset] = None
+            chunk.keyframe, chunk.kept_share = False, 1.0
+            return
         masks = self.tracker.update(latents, self.previous, self.patch, force_keyframe=chunk.new_prompt)
         cached = set(self.state.cached_frames)
         self.frame_masks = {f: m for f, m in self.frame_masks.items() if f in cached}  # for re-caching only

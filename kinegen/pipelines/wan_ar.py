@@ -293,6 +293,12 @@ class WanAutoregressivePipeline(WanPipeline):
         :func:`segment_partition`); False for folders saved before the setting existed."""
         return bool(self.config.get("segment_overlap"))
 
+    def relinks(self, frame_offset: int) -> bool:
+        """Whether the chunk at latent frame ``frame_offset`` is a later segment's image latent that is re-encoded
+        from the last frame shown, not generated (``segment_overlap``; see :meth:`_relink`)."""
+        seg = segment_latent_frames(self.segment_frames) if self.segment_frames else 0
+        return bool(seg and self.segment_overlap and frame_offset > 0 and frame_offset % seg == 0)
+
     def latent_frames(self, num_frames: int) -> int:
         """Latent frames generated for ``num_frames`` video frames (with VAE segments, whole chunks of them)."""
         if self.segment_frames:
@@ -414,7 +420,7 @@ class WanAutoregressivePipeline(WanPipeline):
                 previous = None
                 if seg and start % seg == 0:  # a new VAE segment
                     previous, segment = segment, []
-                if previous and self.segment_overlap:  # its image latent: the last frame so far, not generated
+                if self.relinks(start):  # its image latent: the last frame so far, not generated
                     x = self._relink(torch.cat(previous, dim=2), last_frame)
                 else:
                     x = self._denoise(n, h, w, channels, device, generator, num_inference_steps, guidance_scale,
