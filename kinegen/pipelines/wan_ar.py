@@ -545,10 +545,10 @@ class WanAutoregressivePipeline(WanPipeline):
         shown: list[torch.Tensor] = []  # the last chunk's decoded frames: a new segment starts on its last one
         for x, st, total in self._chunks(prompt, **args, last_frame=lambda segment: shown[-1][:, :, -1:]):
             t0 = time.perf_counter()
-            shared = 0  # with segment_overlap, a later segment's first frame is the previous one's last
+            # With segment_overlap a later segment's first frame is the previous one's last: not shown again.
+            shared = int(self.relinks(st.frames[0]))
             if seg and st.frames[0] % seg == 0:  # a new VAE segment: decoded alone, from a fresh cache
                 decoder = StreamingWanDecoder(self.vae)
-                shared = int(self.segment_overlap and st.frames[0] > 0)
             video = decoder.decode(x)
             shown[:] = [video]
             frames = np.asarray(self.video_processor.postprocess_video(video, output_type="np")[0], dtype=np.float32)
