@@ -29,10 +29,11 @@ pooled 2x2, :mod:`kinegen.dasa.peers`, with as many recent frames kept whole as 
 ``sweep``: dense and any named DASA settings (``--setting NAME=SETTINGS``, repeatable) on the same prompts, the
 same measures as ``rollouts`` without the peers; with ``--distilled``, each setting also on the distilled model.
 
-``masks``: procedural long videos (held-out seeds) encoded with the model's VAE and cut into the pipeline's chunks;
-DASA's dynamics tracker reads them as the pipeline would at each commit. Ground truth per token and latent frame:
-an object covers any pixel of the token's 16x16 cell in the video frames the latent frame and the one before code
-(its motion's footprint). Reported: IoU of DASA's kept (dynamic) tokens with that footprint, with recall and
+``masks``: procedural long videos (held-out seeds) encoded with the model's VAE as the pipeline codes them (whole,
+or each overlapping segment alone) and cut into the pipeline's chunks; DASA's dynamics tracker reads them as the
+pipeline would at each commit (a re-encoded segment start kept whole and skipped). Ground truth per token and latent
+frame: an object covers any pixel of the token's 16x16 cell in the video frames the latent frame and the one before
+code (its motion's footprint). Reported: IoU of DASA's kept (dynamic) tokens with that footprint, with recall and
 precision, next to uniform and random selections that keep the same share of tokens on the same clip.
 """
 
@@ -294,23 +295,38 @@ def cmd_sweep(args) -> dict:
             "settings": settings, "table": table, "videos": records}
 
 
+def latent_footprint(mask, f: int, segment: int, cell: int):
+    """Ground truth of latent frame ``f``, flat per token: an object covers some pixel of the token's ``cell`` x
+    ``cell`` square in any video frame the latent frame codes or the one before (its motion's footprint). Whole
+    clips: latent frame ``f >= 1`` codes video frames ``4f - 3 .. 4f``; with overlapping segments of ``segment``
+    frames, position ``p`` of segment ``s`` codes those of ``p`` from video frame ``s (segment - 1)`` on."""
+    import torch.nn.functional as F
+
+    if segment:
+        per = (segment - 1) // 4 + 1
+        start, f = (f // per) * (segment - 1), f % per
+    else:
+        start = 0
+    lo, hi = start + max(0, 4 * (f - 1)), start + 4 * f + 1
+    foot = mask[lo:hi].any(0).float()[None, None]
+    return F.max_pool2d(foot, cell, cell)[0, 0].bool().flatten()
+
+
 def cmd_masks(args) -> dict:
     import torch
-    import torch.nn.functional as F
 
     import kinegen
     from kinegen.dasa.config import DASAConfig
     from kinegen.dasa.dynamics import DynamicsTracker
     from kinegen.data.shapes import render_long_clip, render_long_mask, sample_clip
-    from kinegen.pipelines.wan_ar import chunk_partition
+    from kinegen.training.ar import encode_segmented
     from kinegen.training.dasa import _dasa_config
-    from kinegen.training.vae import to_tensor
 
     pipe = kinegen.load_pipeline(args.model)
-    if getattr(pipe, "segment_frames", None):
-        raise SystemExit(f"{args.model} codes its videos in VAE segments of {pipe.segment_frames} frames; the masks "
-                         "command maps latent frames to video frames of one whole clip. Give a model without "
-                         "segments (the numbers in benchmarks/dasa.md are of one).")
+    segment = pipe.segment_frames or 0
+    if segment and not pipe.segment_overlap:
+        raise SystemExit(f"{args.model} codes its videos in VAE segments without overlap; the masks command maps "
+                         "latent frames to video frames of one whole clip or of overlapping segments only.")
     vae, size = pipe.vae, pipe.kinegen_spec.height
     patch = tuple(int(p) for p in pipe.transformer.config.patch_size[1:])
     cell = pipe.vae_scale_factor_spatial * patch[0]
@@ -322,25 +338,23 @@ def cmd_masks(args) -> dict:
         spec = sample_clip(9_000_000 + j, split="held_out")
         clip = render_long_clip(spec, args.frames, size, size)
         mask = torch.from_numpy(render_long_mask(spec, args.frames, size, size) > 0.05)
-        with torch.no_grad():
-            z = (vae.encode(to_tensor(clip[None])).latent_dist.mode() - mean) / std
-        # ground truth per latent frame f >= 1: object anywhere in video frames 4(f - 1) .. 4f, pooled to tokens
+        with torch.no_grad():  # coded as the pipeline codes it: whole, or in overlapping segments
+            z = (encode_segmented(vae, clip[None], segment, overlap=True) - mean) / std
         latent = z.shape[2]
-        truth = []
-        for f in range(latent):
-            lo, hi = max(0, 4 * (f - 1)), 4 * f + 1
-            foot = mask[lo:hi].any(0).float()[None, None]
-            truth.append(F.max_pool2d(foot, cell, cell)[0, 0].bool().flatten())
-        partition = chunk_partition(latent, pipe.config.chunk_frames, pipe.config.first_chunk_frames)
+        truth = [latent_footprint(mask, f, segment, cell) for f in range(latent)]
+        partition = pipe.check_frames(args.frames)
         keep = c.keep
         for select in results:  # dynamics first: the peers keep the share it kept on this clip
             if select != "dynamics":
                 keep = float(np.mean([r["kept"] for r in results["dynamics"] if r["clip"] == j]))
             tracker = DynamicsTracker(keep, c.threshold, c.ema, c.low, c.dilate, c.scene_jump, select=select,
-                                      anchor_every=c.anchor_every)
+                                      anchor_every=c.anchor_every, centre=c.centre, floor=c.floor)
             start, previous = 0, None
             for n in partition:
                 chunk = z[:, :, start:start + n]
+                if pipe.relinks(start):  # a re-encoded segment start: kept whole, not tracked (kinegen.dasa.run)
+                    start += n
+                    continue
                 masks = tracker.update(chunk, previous, patch)
                 for i, m in enumerate(masks):
                     if m is not None and previous is not None:  # compressed frames (not anchors or keyframes)

@@ -107,7 +107,7 @@ for _spec in [
     ModelSpec("kinegen-shapes-t2v", "wan", "Wan-architecture text-to-video trained here on moving shapes (bundled)",
               128, 128, 20, 4.0, frames=17, fps=8, bundled="kinegen-shapes-t2v", evaluator="adherence"),
     ModelSpec("kinegen-shapes-ar", "wan_ar", "kinegen-shapes-t2v turned causal here: long videos chunk by chunk with "
-              "a KV cache (bundled; its VAE breaks after frame 16, see its card)", 128, 128, 20,
+              "a KV cache (bundled; coded in overlapping VAE segments of 17 frames, see its card)", 128, 128, 20,
               2.0, frames=121, fps=24,
               bundled="kinegen-shapes-ar"),
     ModelSpec("kinegen-shapes-gan", "mpgan", "class-conditional GAN (the R3GAN baseline of kinegen train gan) "

@@ -216,12 +216,13 @@ def test_masks_do_not_flicker_under_hysteresis():
     """A token whose motion hovers around the entry threshold flips chunk after chunk without hysteresis and stays
     dynamic with it; it turns static only once its smoothed score has fallen below the exit level."""
     hovering = _sequence([1.2, 0.8, 1.1, 0.7, 1.2, 0.8, 1.1, 0.7])
-    flicker = _masks(DynamicsTracker(1.0, 1.0, 0.0, 1.0, 1, None), hovering)
+    plain = {"centre": False}  # the raw differences, so the threshold reads them as written
+    flicker = _masks(DynamicsTracker(1.0, 1.0, 0.0, 1.0, 1, None, **plain), hovering)
     assert flicker == [True, False] * 4
-    steady = _masks(DynamicsTracker(1.0, 1.0, 0.5, 0.5, 1, None), hovering)
+    steady = _masks(DynamicsTracker(1.0, 1.0, 0.5, 0.5, 1, None, **plain), hovering)
     assert steady == [True] * 8
     # Motion that stops: static again after the EMA decays below 0.5 of the threshold (2 chunks of 2 frames).
-    stopping = _masks(DynamicsTracker(1.0, 1.0, 0.5, 0.5, 1, None), _sequence([1.5, 0, 0, 0]))
+    stopping = _masks(DynamicsTracker(1.0, 1.0, 0.5, 0.5, 1, None, **plain), _sequence([1.5, 0, 0, 0]))
     assert stopping == [True, False, False, False]
     # The 3x3 max-filter keeps the neighbours of a moving token dynamic; the budget picks the top share.
     tracker = DynamicsTracker(0.5, None, 0.0, 1.0, 3, None)
@@ -246,13 +247,65 @@ def test_peer_selections_keep_the_same_budget_anywhere():
         DASAConfig(select="topk")
 
 
+def _drifting(chunks: int, shift: float, noise: float, block: float = 1.0, seed: int = 0) -> list[torch.Tensor]:
+    """Latent chunks (4 channels, 2 frames each, 16x16 latent = 8x8 tokens of 2x2) of a still textured scene whose
+    every place shifts by the same per-channel ``shift`` from frame to frame (a causal VAE coding a still scene
+    differently at each latent position) and flickers by ``noise``, with a 4x4 block moving one latent pixel right
+    per frame along the top rows."""
+    gen = torch.Generator().manual_seed(seed)
+    texture = torch.randn(1, 4, 1, 16, 16, generator=gen)
+    offsets = torch.randn(1, 4, 1, 1, 1, generator=gen)
+    frames = []
+    for t in range(2 * chunks + 1):
+        z = texture + shift * (t % 5) * offsets + noise * torch.randn(1, 4, 1, 16, 16, generator=gen)
+        z[..., :4, t % 12:t % 12 + 4] += block
+        frames.append(z)
+    return [torch.cat(frames[i:i + 2], dim=2) for i in range(1, len(frames) - 1, 2)], frames[0]
+
+
+def _kept_share(tracker, chunks, first) -> float:
+    """The mean share of the later frames' tokens kept, over the chunks after the first two."""
+    previous, shares = first, []
+    for i, z in enumerate(chunks):
+        masks = tracker.update(z, previous, (2, 2))
+        previous = z[:, :, -1:]
+        if i >= 2:
+            shares += [float(m.float().mean()) for m in masks if m is not None]
+    return sum(shares) / len(shares)
+
+
+def test_a_shift_every_place_shares_is_not_motion():
+    """A still scene coded with a per-channel shift at each latent position (as the VAE codes each latent frame of
+    a segment) plus one moving block: the plain difference reads the shift as motion everywhere and the hysteresis
+    holds every token; taking each frame's per-channel mean off first (``centre``) leaves the block and its edges."""
+    chunks, first = _drifting(8, shift=0.6, noise=0.0)
+    plain = DynamicsTracker(0.2, None, 0.5, 0.5, 3, None, centre=False, floor=False)
+    centred = DynamicsTracker(0.2, None, 0.5, 0.5, 3, None, centre=True, floor=False)
+    assert _kept_share(plain, chunks, first) > 0.9
+    assert _kept_share(centred, chunks, first) < 0.4
+    assert bool(centred.dynamic[:2, 2:4].all())  # the block's place in the last frame (latent columns 4-7)
+
+
+def test_a_background_that_flickers_everywhere_falls_out_of_the_dynamic_set():
+    """A textured background that flickers a little at every place (the model re-rendering it) and one moving
+    block: membership measured from 0 puts the typical token just under the entry level, so the hysteresis holds
+    nearly all of them; measured from the frame's median (``floor``) it is 0 and the set shrinks to the budget's
+    order, the moving block still in it."""
+    chunks, first = _drifting(8, shift=0.0, noise=0.3)
+    held = DynamicsTracker(0.3, None, 0.5, 0.5, 3, None, floor=False)
+    floored = DynamicsTracker(0.3, None, 0.5, 0.5, 3, None, floor=True)
+    assert _kept_share(held, chunks, first) > 0.9
+    assert _kept_share(floored, chunks, first) < 0.6
+    assert bool(floored.dynamic[:2, 2:4].all())  # the block's place in the last frame (latent columns 4-7)
+
+
 def test_a_scene_change_or_a_prompt_switch_is_a_keyframe():
     tracker = DynamicsTracker(0.3, None, 0.5, 0.5, 3, 3.0)
     previous = torch.zeros(1, 1, 1, 8, 8)
     still = torch.zeros(1, 1, 2, 8, 8)
     still[..., :2, :2] = 0.1
     assert tracker.update(still, previous, (2, 2))[1] is not None
-    cut = torch.full((1, 1, 2, 8, 8), 5.0)  # everything changes at once
+    cut = 5 * torch.randn(1, 1, 2, 8, 8, generator=torch.Generator().manual_seed(0))  # everything changes at once
     assert tracker.update(cut, still[:, :, -1:], (2, 2)) == [None, None]
     assert tracker.scene_changes == 1 and tracker.keyframe and tracker.dynamic is None
     assert tracker.update(cut, cut[:, :, -1:], (2, 2), force_keyframe=True) == [None, None]
@@ -406,7 +459,8 @@ def test_bad_settings_and_pipelines_are_refused_with_the_valid_values():
                           ("dasa:static_share=2", "static_share"), ("dasa:tile=24", "power of two"),
                           ("dasa:backend=cuda", "backend must be one of auto, flex, triton, dense"),
                           ("dasa:anchor_every=-1", "anchor_every must be 0"),
-                          ("dasa:speed=2", "Valid keys: anchor_every, backend, bias, compute")):
+                          ("dasa:centre=maybe", "centre='maybe' is not a valid bool"),
+                          ("dasa:speed=2", "Valid keys: anchor_every, backend, bias, centre, compute")):
         with pytest.raises(ConfigError, match=message):
             parse_spec(spec, kind="attention")
     acc, config = parse_spec("dasa:keep=0.3,compute=sparse", kind="attention")

@@ -32,6 +32,12 @@ class DASAConfig:
             pipeline).
         threshold: instead of the budget, tokens whose pooled latent difference (normalised latents, mean absolute
             difference over channels) reaches this value enter the dynamic set (None = use ``keep``).
+        centre: take each latent frame's per-channel mean over the frame off before differencing, so that a shift
+            every place shares (a causal VAE codes a still scene differently at each latent position) is not read
+            as motion (False: the plain latent difference of the reference note, section 5).
+        floor: with a budget under half the frame, measure membership from the frame's median score (its
+            background level), so a background that changes a little everywhere falls out of the dynamic set
+            (False: from 0; a flat score map then holds every token through the hysteresis).
         ema: weight of the past in the exponential moving average of each token's score over frames, in [0, 1).
         low: hysteresis: a dynamic token turns static again only when its smoothed score falls below ``low`` times
             the entry level, in (0, 1] (1 = no hysteresis).
@@ -64,6 +70,8 @@ class DASAConfig:
 
     keep: float = 0.3
     threshold: float | None = None
+    centre: bool = True
+    floor: bool = True
     ema: float = 0.5
     low: float = 0.5
     dilate: int = 3

@@ -3,10 +3,16 @@
 At each chunk commit, from the chunk's clean latents and the previous chunk's last clean frame:
 
 1. **score**: per latent frame, the mean over channels of ``|z_t - z_{t-1}|``, average-pooled to the transformer's
-   patch grid (one value per token; section 5's latent difference, already in token space, no decode);
+   patch grid (one value per token; section 5's latent difference, already in token space, no decode). With
+   ``centre`` each latent frame's per-channel mean over the frame is taken off first: a causal VAE codes a still
+   scene differently at each latent position of a clip or segment, a shift shared by every place that would
+   otherwise read as motion everywhere (docs/dasa.md, "Where it departs");
 2. **dilation**: a max-filter (3x3 by default) on the token grid, so the edges of moving things stay dynamic;
 3. **entry**: a token enters the dynamic set when its score is among the frame's top ``keep`` share (the budget),
-   or reaches ``threshold``; its score relative to that entry level is its *membership* (1 = the level);
+   or reaches ``threshold``; its score relative to that entry level is its *membership* (1 = the level). With
+   ``floor`` (and a budget under half the frame) membership is measured from the frame's median score, its
+   background level, so that a background changing a little everywhere (flicker, texture re-rendered) sits at 0
+   and not just under 1;
 4. **smoothing**: an exponential moving average of the membership over frames, chunk after chunk; a dynamic token
    turns static only when the average falls below ``low`` (hysteresis), so masks do not flicker (section 4.5);
 5. **keyframes**: a frame whose mean difference jumps to ``scene_jump`` times its running mean (a scene change), or
@@ -32,11 +38,14 @@ SCENE_FLOOR = 0.05
 near-still video must not call every small motion a scene change)."""
 
 
-def latent_motion(latents: torch.Tensor, previous: torch.Tensor, patch: tuple[int, int]) -> torch.Tensor:
+def latent_motion(latents: torch.Tensor, previous: torch.Tensor, patch: tuple[int, int],
+                  centre: bool = False) -> torch.Tensor:
     """``[F, H', W']``: per latent frame of ``latents`` ``[B, C, F, h, w]``, the mean over channels (and batch) of
     its absolute difference from the frame before (``previous`` ``[B, C, 1, h, w]`` before the first), average-pooled
-    over each ``patch`` (the token grid)."""
+    over each ``patch`` (the token grid). ``centre``: each frame's per-channel spatial mean taken off first."""
     seq = torch.cat([previous.to(latents), latents], dim=2).float()
+    if centre:
+        seq = seq - seq.mean(dim=(3, 4), keepdim=True)
     diff = (seq[:, :, 1:] - seq[:, :, :-1]).abs().mean(dim=(0, 1))  # [F, h, w]
     return F.avg_pool2d(diff[:, None], kernel_size=patch, stride=patch)[:, 0]
 
@@ -48,15 +57,18 @@ def dilate(scores: torch.Tensor, size: int) -> torch.Tensor:
     return F.max_pool2d(scores[:, None], kernel_size=size, stride=1, padding=size // 2)[:, 0]
 
 
-def membership(score: torch.Tensor, keep: float, threshold: float | None) -> torch.Tensor:
+def membership(score: torch.Tensor, keep: float, threshold: float | None, floor: bool = False) -> torch.Tensor:
     """Score over the entry level, ``[H', W']``: >= 1 enters the dynamic set. With a budget, the level is the
-    ``ceil(keep * tokens)``-th largest score and those tokens are at least 1 (ties and a still frame included)."""
+    ``ceil(keep * tokens)``-th largest score and those tokens are at least 1 (ties and a still frame included).
+    ``floor`` (a budget of under half the frame): measured from the frame's median score, ``(s - median) / (level -
+    median)``, so the frame's typical token is 0 and the hysteresis lets it go."""
     if threshold is not None:
         return score / threshold
     flat = score.flatten()
     k = max(1, math.ceil(keep * flat.numel()))
     top = flat.topk(k)
-    u = flat / top.values[-1].clamp(min=1e-12)
+    base = flat.median() if floor and keep < 0.5 else flat.new_zeros(())
+    u = (flat - base) / (top.values[-1] - base).clamp(min=1e-12)
     u[top.indices] = u[top.indices].clamp(min=1.0)
     return u.view_as(score)
 
@@ -72,8 +84,10 @@ class DynamicsTracker:
     """
 
     def __init__(self, keep: float, threshold: float | None, ema: float, low: float, dilate_size: int,
-                 scene_jump: float | None, select: str = "dynamics", anchor_every: int = 1):
+                 scene_jump: float | None, select: str = "dynamics", anchor_every: int = 1, centre: bool = True,
+                 floor: bool = True):
         self.keep, self.threshold, self.ema, self.low = keep, threshold, ema, low
+        self.centre, self.floor = centre, floor
         self.dilate_size, self.scene_jump, self.select = dilate_size, scene_jump, select
         self.anchor_every = anchor_every
         self.frames_seen = 0  # seeds the random selection
@@ -96,7 +110,7 @@ class DynamicsTracker:
         frames = latents.shape[2]
         if previous is None or force_keyframe:
             return self._keyframe(frames)
-        scores = latent_motion(latents, previous, patch)
+        scores = latent_motion(latents, previous, patch, self.centre)
         if self._scene_change(scores.mean(dim=(1, 2)).tolist()):
             self.scene_changes += 1
             return self._keyframe(frames)
@@ -104,7 +118,7 @@ class DynamicsTracker:
             return self._selected(scores)
         masks: list[torch.Tensor | None] = []
         for score in dilate(scores, self.dilate_size):
-            u = membership(score, self.keep, self.threshold)
+            u = membership(score, self.keep, self.threshold, self.floor)
             self.smooth = u if self.smooth is None else self.ema * self.smooth + (1 - self.ema) * u
             held = torch.ones_like(u, dtype=torch.bool) if self.dynamic is None else self.dynamic
             self.dynamic = (u >= 1) | (held & (self.smooth >= self.low))

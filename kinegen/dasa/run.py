@@ -91,7 +91,7 @@ class DASARun:
         c = self.config
         self.pipe, self.state = pipe, state
         self.tracker = DynamicsTracker(c.keep, c.threshold, c.ema, c.low, c.dilate, c.scene_jump, c.select,
-                                       c.anchor_every)
+                                       c.anchor_every, c.centre, c.floor)
         self.frame_masks: dict[int, torch.Tensor | None] = {}
         self.previous: torch.Tensor | None = None
         self.chunk: _Chunk | None = None
