@@ -247,11 +247,12 @@ def test_peer_selections_keep_the_same_budget_anywhere():
         DASAConfig(select="topk")
 
 
-def _drifting(chunks: int, shift: float, noise: float, block: float = 1.0, seed: int = 0) -> list[torch.Tensor]:
+def _drifting(chunks: int, shift: float, noise: float, block: float = 1.0,
+              seed: int = 0) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Latent chunks (4 channels, 2 frames each, 16x16 latent = 8x8 tokens of 2x2) of a still textured scene whose
     every place shifts by the same per-channel ``shift`` from frame to frame (a causal VAE coding a still scene
     differently at each latent position) and flickers by ``noise``, with a 4x4 block moving one latent pixel right
-    per frame along the top rows."""
+    per frame along the top rows; and the frame before the first chunk."""
     gen = torch.Generator().manual_seed(seed)
     texture = torch.randn(1, 4, 1, 16, 16, generator=gen)
     offsets = torch.randn(1, 4, 1, 1, 1, generator=gen)
