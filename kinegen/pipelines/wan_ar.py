@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -324,7 +324,7 @@ class WanAutoregressivePipeline(WanPipeline):
         return self.vae.decode(denormalize_latents(self.vae, latents), return_dict=False)[0]
 
     def _decode_segments(self, latents: torch.Tensor, num_frames: int, output_type: str,
-                         decoded: list[torch.Tensor] = ()) -> Any:
+                         decoded: Sequence[torch.Tensor] = ()) -> Any:
         """With VAE segments: each segment's latent frames through ``vae.decode`` alone (the first ones from
         ``decoded`` where the run already decoded them), the frames end to end (with ``segment_overlap`` a later
         segment's first frame, the previous one's last, once), the video cut to ``num_frames``."""
