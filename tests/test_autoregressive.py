@@ -529,7 +529,7 @@ def test_diffusion_forcing_trains_resumes_and_exports_a_causal_pipeline(tmp_path
     # Diffusion forcing (stage 1's recipe) and error recycling on every step train too.
     other = tmp_path / "forcing"
     assert main(["train", "ar", "--run", str(other), *args[4:], "--steps", "2", "--teacher-forcing", "false",
-                 "--recycle-prob", "1", "--guidance", "2"]) == 0
+                 "--recycle-prob", "1", "--guidance", "2", "--object-weight", "4"]) == 0
     assert json.loads((other / "pipeline" / "kinegen_defaults.json").read_text())["guidance"] == 2.0
     # Teacher forcing with the history noised as the export will commit it.
     noised = tmp_path / "context-noise"
@@ -551,7 +551,14 @@ def test_diffusion_forcing_trains_resumes_and_exports_a_causal_pipeline(tmp_path
     # Overlapping segments (two of 9 frames sharing frame 8; windows start every 8 frames): so does the export.
     overlapped = tmp_path / "overlap"
     assert main(["train", "ar", "--run", str(overlapped), *args[4:], "--steps", "2", "--frames", "17",
-                 "--segment-frames", "9", "--segment-overlap", "true", "--max-start", "32"]) == 0
+                 "--segment-frames", "9", "--segment-overlap", "true", "--max-start", "32", "--object-weight", "4"]) == 0
+    # (--object-weight: the shapes' masks, rendered once, in the latents' layout: 2 segments of 3 latent frames.)
+    from safetensors.torch import load_file
+
+    masks = load_file(str(overlapped / "latents" / "masks.safetensors"))
+    latents = load_file(str(overlapped / "latents" / "chunk_0000.safetensors"))["latents"]
+    assert masks["windows"].shape == (8, 1, 6, 4, 4) == (latents.shape[0], 1, *latents.shape[2:])
+    assert masks["sinks"].shape == (8, 1, 1, 4, 4) and 0 < masks["windows"].float().mean() < 0.5
     pipe = kinegen.load_pipeline(str(overlapped / "pipeline"))
     assert pipe.segment_overlap and pipe.check_frames(25) == [1, 2, 1, 2, 1, 2]  # 9, then 8 more twice
     assert kinegen.generate(pipe, "a red circle", frames=25, steps=1, seed=0).frames.shape == (25, 32, 32, 3)

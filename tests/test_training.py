@@ -167,6 +167,23 @@ def test_latent_object_masks_follow_the_vae_grid():
     assert (m[0, 0, 2].numpy() == cell).all() and 0 < cell.sum() < 100
 
 
+def test_object_masks_of_a_long_window_follow_its_vae_segments():
+    """`kinegen train ar --object-weight`: a window coded in overlapping segments of 17 frames has its masks in the
+    same layout, each segment's first latent frame from the segment's first video frame (the one shared)."""
+    from kinegen.data.shapes import render_long_mask, sample_clip
+    from kinegen.training.ar import segment_coverage
+    from kinegen.training.t2v import latent_coverage
+
+    mask = render_long_mask(sample_clip(3, num_objects=1), 33, 128, 128, start=48)
+    m = segment_coverage(mask, 17, overlap=True)
+    assert m.shape == (10, 16, 16) and m.dtype == torch.bool
+    assert torch.equal(m[:5], latent_coverage(torch.from_numpy(mask[:17])))
+    assert torch.equal(m[5], latent_coverage(torch.from_numpy(mask[16:17]))[0])  # frame 16 coded alone again
+    assert torch.equal(m[6:], latent_coverage(torch.from_numpy(mask[16:33]))[1:])
+    assert not torch.equal(m[1], m[4]) and 0 < m.sum() < m.numel() // 4  # the shape moves; it is small
+    assert segment_coverage(mask, 0).shape == (9, 16, 16)  # no segments: one clip, 1 + 32 / 4 latent frames
+
+
 def test_object_weighted_flow_loss():
     from kinegen.training.t2v import _flow_loss
 

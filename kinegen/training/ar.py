@@ -69,7 +69,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..data.shapes import render_long_clip, sample_clip
+from ..data.shapes import render_long_clip, render_long_mask, sample_clip
 from ..models.shapes_t2v import build_scheduler
 from ..pipelines.causal_wan import KVCacheConfig, make_causal
 from ..pipelines.wan_ar import (
@@ -84,10 +84,12 @@ from .configs import ARTrainConfig
 from .t2v import (
     PaddedTextCrossAttention,
     _ema_update,
+    _flow_loss,
     _rope_to_float32,
     _sigmas,
     batch_captions,
     encode_text_compact,
+    latent_coverage,
 )
 from .vae import to_tensor
 
@@ -149,6 +151,36 @@ def encode_windows(run_dir: Path, cfg: ARTrainConfig, vae) -> tuple[torch.Tensor
                   "windows/s)", flush=True)
         chunks.append(load_file(str(path))["latents"])
     return torch.cat(chunks).float(), windows
+
+
+def segment_coverage(mask: np.ndarray, segment_frames: int, overlap: bool = False) -> torch.Tensor:
+    """One window's object coverage ``[T, H, W]`` on the latent grid in the layout of :func:`encode_segmented`
+    (segment by segment, each one's first frame an image latent), bool ``[F, h, w]``."""
+    m = torch.from_numpy(mask)
+    if not segment_frames:
+        return latent_coverage(m)
+    stride = segment_frames - 1 if overlap else segment_frames
+    n = (len(m) - 1) // stride if overlap else len(m) // stride
+    return torch.cat([latent_coverage(m[i * stride:i * stride + segment_frames]) for i in range(n)])
+
+
+def encode_masks(run_dir: Path, cfg: ARTrainConfig,
+                 windows: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the shapes are, on the latent grid: ``(windows [N, 1, F, h, w], sinks [N, 1, 1, h, w])`` in {0, 1},
+    aligned with :func:`encode_windows` and :func:`encode_sinks` (for ``object_weight``), rendered once into
+    ``run_dir/latents/masks.safetensors``."""
+    path = run_dir / "latents" / "masks.safetensors"
+    if not path.is_file():
+        specs = [(sample_clip(seed, split="train"), start) for seed, start in windows]
+        win = torch.stack([segment_coverage(render_long_mask(spec, cfg.frames, cfg.size, cfg.size, start=start),
+                                            cfg.segment_frames, cfg.segment_overlap) for spec, start in specs])
+        sink = torch.stack([latent_coverage(torch.from_numpy(render_long_mask(spec, 1, cfg.size, cfg.size)))
+                            for spec, _ in specs])
+        save_file({"windows": win.to(torch.uint8)[:, None].contiguous(),
+                   "sinks": sink.to(torch.uint8)[:, None].contiguous()}, str(path))
+        print(f"rendered the shapes' masks of {len(windows)} windows", flush=True)
+    masks = load_file(str(path))
+    return masks["windows"].float(), masks["sinks"].float()
 
 
 @torch.no_grad()
@@ -232,9 +264,10 @@ def noised(x0, level, noise, ids, tokens) -> tuple[torch.Tensor, torch.Tensor, t
     return s, (1 - s) * x0 + s * noise, (level[:, ids] * 1000).repeat_interleave(tokens, dim=1)
 
 
-def forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, gen: torch.Generator) -> torch.Tensor:
+def forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, gen: torch.Generator,
+                 mask: torch.Tensor | None = None) -> torch.Tensor:
     """Diffusion forcing: every chunk its own noise level (some clean), one block-causal forward, the flow loss on
-    the noisy chunks."""
+    the noisy chunks (latent pixels in ``mask`` ``[B, 1, F, h, w]`` weighted ``1 + object_weight``)."""
     b, chunks, tokens = x0.shape[0], int(ids.max()) + 1, _tokens(transformer, x0)
     noise = torch.randn(x0.shape, generator=gen)
     sig = forcing_sigmas(b, chunks, cfg.flow_shift, cfg.clean_prob, gen)
@@ -247,20 +280,22 @@ def forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, gen: tor
     s, xt, timestep = noised(x0, sig, noise, ids, tokens)  # clean chunks: x0 itself (or the model's estimate of it)
     pred = transformer(xt, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
     # Clean chunks are context only: at s = 0 the velocity e - x_0 names noise the input does not contain.
-    noisy = (s > 0).float().expand_as(x0)
+    w = (s > 0).float().expand_as(x0)
+    if mask is not None:
+        w = w * (1 + cfg.object_weight * mask)
     # (Where x0 was recycled it differs from the real latents only on clean chunks, which carry no loss.)
-    return ((pred - (noise - x0)).square() * noisy).sum() / noisy.sum().clamp(min=1)
+    return ((pred - (noise - x0)).square() * w).sum() / w.sum().clamp(min=1)
 
 
 def teacher_forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, gen: torch.Generator,
-                         history: torch.Tensor | None = None) -> torch.Tensor:
+                         history: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
     """Teacher forcing in one forward, as the sampler runs: the clean window followed by a noisy copy (every chunk
     its own level); a noisy chunk sees the clean chunks before it and itself, a clean chunk the clean chunks up to
     its own (:func:`kinegen.pipelines.causal_wan.teacher_forcing_mask`), so every chunk is trained in the setting of
     its denoising forwards at inference (a clean cache, committed chunk by chunk). The clean copy is ``history``
     where given (a window with chunks the model rolled out, :func:`rollout`), else with ``recycle_prob`` the
     model's own one-step estimate of the window (error recycling), else the window itself; the targets are always
-    the window's."""
+    the window's, latent pixels in ``mask`` ``[B, 1, F, h, w]`` weighted ``1 + object_weight``."""
     b, f, chunks, tokens = x0.shape[0], x0.shape[2], int(ids.max()) + 1, _tokens(transformer, x0)
     noise = torch.randn(x0.shape, generator=gen)
     sig = _sigmas(b * chunks, cfg.flow_shift, gen).view(b, chunks)
@@ -285,7 +320,7 @@ def teacher_forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, 
                            return_dict=False)[0][:, :, f:]
     finally:
         state.frame_positions, state.teacher_forcing = positions, False
-    return (pred - (noise - x0)).square().mean()
+    return _flow_loss(pred, noise - x0, mask, cfg.object_weight)
 
 
 def one_step_estimate(transformer, x0, level, noise, ids, tokens, text) -> torch.Tensor:
@@ -418,6 +453,10 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
     specs = [sample_clip(seed, split="train") for seed, _ in windows]
     starts = torch.tensor([start for _, start in windows])
     sinks = encode_sinks(run_dir, cfg, vae, windows) if cfg.cache_layout and cfg.sink_frames > 0 else None
+    if cfg.object_weight:  # the shapes' masks ride along as a last channel through the batch layouts below
+        masks, sink_masks = encode_masks(run_dir, cfg, windows)
+        latents = torch.cat([latents, masks], dim=1)
+        sinks = None if sinks is None else torch.cat([sinks, sink_masks], dim=1)
 
     torch.manual_seed(cfg.seed)
     transformer = base.transformer
@@ -448,6 +487,7 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
                 x0, state.frame_positions = cache_layout(x0, sinks[idx], starts[idx])
             else:
                 state.frame_positions = torch.arange(x0.shape[2]).expand(x0.shape[0], -1)
+        x0, mask = (x0[:, :-1], x0[:, -1:]) if cfg.object_weight else (x0, None)
         captions = batch_captions(specs, idx, step, cfg.cfg_dropout, gen)
         for g in opt.param_groups:
             g["lr"] = cosine_lr(step, cfg.steps, cfg.lr, warmup=100)
@@ -458,9 +498,9 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
             if cfg.rollout_prob and bool(torch.rand((), generator=gen) < cfg.rollout_prob):
                 history = rolled_out(transformer, state, cross, tokenizer, text_encoder, x0, captions, ids, cfg,
                                      scheduler, gen)
-            loss = teacher_forcing_loss(transformer, state, x0, text, step_ids, cfg, gen, history=history)
+            loss = teacher_forcing_loss(transformer, state, x0, text, step_ids, cfg, gen, history=history, mask=mask)
         else:
-            loss = forcing_loss(transformer, state, x0, text, step_ids, cfg, gen)
+            loss = forcing_loss(transformer, state, x0, text, step_ids, cfg, gen, mask=mask)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -204,12 +204,16 @@ def latent_object_masks(specs, frames: int, size: int, temporal: int = 4, spatia
     temporal * k`` (the Wan VAE's causal chunks); a latent pixel counts as object if, in any of its
     frames, any of its pixels is at least half covered.
     """
-    out = []
-    for spec in specs:
-        m = torch.from_numpy(render_mask(spec, frames, size, size))
-        m = torch.cat([m[:1], m[1:].unflatten(0, (-1, temporal)).amax(1)])
-        out.append(F.max_pool2d(m[:, None], spatial)[:, 0] > 0.5)
-    return torch.stack(out)[:, None].float()
+    return torch.stack([latent_coverage(torch.from_numpy(render_mask(spec, frames, size, size)), temporal, spatial)
+                        for spec in specs])[:, None].float()
+
+
+def latent_coverage(mask: torch.Tensor, temporal: int = 4, spatial: int = 8) -> torch.Tensor:
+    """One clip's object coverage ``[T, H, W]`` (``T = 1 + temporal k``) on the latent grid as the causal VAE codes
+    it, bool ``[1 + k, H / spatial, W / spatial]``: latent frame 0 from video frame 0, each later one from its
+    ``temporal`` frames; a latent pixel is object if any of its pixels in any of its frames is half covered."""
+    m = torch.cat([mask[:1], mask[1:].unflatten(0, (-1, temporal)).amax(1)])
+    return F.max_pool2d(m[:, None], spatial)[:, 0] > 0.5
 
 
 def batch_captions(specs, idx: torch.Tensor, step: int, cfg_dropout: float, gen: torch.Generator) -> list[str]:
