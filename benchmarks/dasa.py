@@ -347,8 +347,7 @@ def cmd_masks(args) -> dict:
         for select in results:  # dynamics first: the peers keep the share it kept on this clip
             if select != "dynamics":
                 keep = float(np.mean([r["kept"] for r in results["dynamics"] if r["clip"] == j]))
-            tracker = DynamicsTracker(keep, c.threshold, c.ema, c.low, c.dilate, c.scene_jump, select=select,
-                                      anchor_every=c.anchor_every, centre=c.centre, floor=c.floor)
+            tracker = DynamicsTracker.from_config(c, keep=keep, select=select)
             start, previous = 0, None
             for n in partition:
                 chunk = z[:, :, start:start + n]

@@ -551,7 +551,8 @@ def test_diffusion_forcing_trains_resumes_and_exports_a_causal_pipeline(tmp_path
     # Overlapping segments (two of 9 frames sharing frame 8; windows start every 8 frames): so does the export.
     overlapped = tmp_path / "overlap"
     assert main(["train", "ar", "--run", str(overlapped), *args[4:], "--steps", "2", "--frames", "17",
-                 "--segment-frames", "9", "--segment-overlap", "true", "--max-start", "32", "--object-weight", "4"]) == 0
+                 "--segment-frames", "9", "--segment-overlap", "true", "--max-start", "32",
+                 "--object-weight", "4"]) == 0
     # (--object-weight: the shapes' masks, rendered once, in the latents' layout: 2 segments of 3 latent frames.)
     from safetensors.torch import load_file
 

@@ -365,11 +365,11 @@ def test_region_compute_gives_static_tokens_less_work(ar):
     previous chunk's last clean frame exactly; sparse: with every region in reach it is the full attention (the bias
     riding as an extra head dimension), with radius 0 it keeps a fifth of the tiles and changes the output."""
     none, _ = _run(ar, DASAConfig(**COMPRESS, compute="none"))
-    _, reuse = _run(ar, DASAConfig(**COMPRESS, compute="reuse", refresh=2))
+    _, reuse = _run(ar, DASAConfig(**COMPRESS, compute="reuse", refresh=2, recheck=False))
     static = [c["static_share"] for c in reuse["chunks"]]
     assert static[:2] == [0.0, 0.0] and all(s > 0.5 for s in static[2:])  # chunks 0-1: no dynamics known yet
     assert [c["computed_share"] for c in reuse["chunks"]] == pytest.approx([1 - s / 2 for s in static])
-    held, stats = _run(ar, DASAConfig(**COMPRESS, compute="steps", static_share=0.0))
+    held, stats = _run(ar, DASAConfig(**COMPRESS, compute="steps", static_share=0.0, recheck=False))
     lat = held.frames[0]  # [C, F, h, w]; chunks: [0], [1, 2], [3, 4], ...
     same = (lat[:, 3:5] - lat[:, 2:3]).abs().amax(dim=(0, 1)) < 1e-5
     places = same.view(4, 2, 4, 2).all(dim=(1, 3)).float().mean()
@@ -377,8 +377,36 @@ def test_region_compute_gives_static_tokens_less_work(ar):
     full, stats = _run(ar, DASAConfig(**COMPRESS, compute="sparse", backend="dense", radius=4))
     torch.testing.assert_close(full.frames, none.frames, rtol=0, atol=1e-4)
     assert stats["sparse_density"] == 1.0
-    local, stats = _run(ar, DASAConfig(**COMPRESS, compute="sparse", backend="dense", radius=0, region=1))
+    local, stats = _run(ar, DASAConfig(**COMPRESS, compute="sparse", backend="dense", radius=0, region=1,
+                                       recheck=False))
     assert stats["sparse_density"] < 0.3 and (local.frames - none.frames).abs().max() > 1e-3
+
+
+def test_places_a_chunk_moves_into_are_rechecked_from_its_own_prediction(ar):
+    """The static places come from the chunks before; the chunk's own clean-latent prediction shows where it moves
+    now. A block moving one latent pixel right per frame: the prediction's new places (token columns 4 and 6 of the
+    top rows, column 6 never dynamic before) and nothing else; a prediction blurred everywhere is not motion
+    everywhere. In the pipeline, what the recheck turns dynamic is what a run without it left static."""
+    chunks, first = _drifting(5, shift=0.6, noise=0.05)
+    tracker, previous = DynamicsTracker(0.2, None, 0.5, 0.5, 1, None), first
+    for z in chunks[:4]:
+        tracker.update(z, previous, (2, 2))
+        previous = z[:, :, -1:]
+    moved = tracker.moved(chunks[4], previous, (2, 2))
+    expected = torch.zeros(8, 8, dtype=torch.bool)
+    expected[:2, [4, 6]] = True
+    assert torch.equal(moved, expected) and not bool(tracker.dynamic[:2, 6].any())
+    blurred = torch.nn.functional.avg_pool3d(chunks[4], (1, 3, 3), 1, (0, 1, 1), count_include_pad=False)
+    assert int(tracker.moved(blurred, previous, (2, 2)).sum()) < 16
+    assert DynamicsTracker(0.2, None, 0.5, 0.5, 1, None).moved(chunks[4], previous, (2, 2)) is None  # no peak yet
+    # tiny-wan-ar: chunk 2 is the first with static places, the same ones with and without the recheck.
+    settings = dict(**COMPRESS, compute="reuse", refresh=2)
+    _, before = _run(ar, DASAConfig(**settings, recheck=False))
+    _, after = _run(ar, DASAConfig(**settings, recheck=True))
+    plain, rechecked = before["chunks"][2], after["chunks"][2]
+    assert plain["rechecked_share"] == 0 and 0 < rechecked["rechecked_share"] < plain["static_share"]
+    assert rechecked["static_share"] + rechecked["rechecked_share"] == pytest.approx(plain["static_share"])
+    assert rechecked["computed_share"] > plain["computed_share"]
 
 
 def test_static_queries_see_their_neighbourhood_and_the_sink_with_the_bias():

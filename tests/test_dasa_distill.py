@@ -53,6 +53,25 @@ def test_dense_student_matches_the_teacher_exactly(folder):
     assert all(float(g.abs().max()) == 0.0 for g in grads)
 
 
+def test_rollouts_start_each_later_segment_as_the_pipeline_does(folder):
+    """With overlapping VAE segments the pipeline re-encodes the last frame shown as the next segment's image latent
+    instead of generating it: so does the rollout, and that chunk carries no loss (9 frames, then 8 more: chunks of
+    1, 2, then the re-encoded 1 and 2, so 2 chunks x 4 steps), and the dense student is still the teacher."""
+    pipe = WanAutoregressivePipeline.from_pretrained(folder, segment_frames=9, segment_overlap=True)
+    pipe.set_progress_bar_config(disable=True)
+    assert pipe.check_frames(17) == [1, 2, 1, 2] and pipe.relinks(3)
+    teacher = copy.deepcopy(pipe.transformer).requires_grad_(False)
+    pipe.transformer.requires_grad_(True)
+    cfg = DASATrainConfig(frames=17, size=32, sample_steps=4, loss_steps=4, guidance=3.0, dasa="keep=1.0")
+    relinked = []
+    relink = pipe._relink
+    pipe._relink = lambda segment, last_frame=None: relinked.append(segment.shape[2]) or relink(segment, last_frame)
+    run = DASARun(DASAConfig(keep=1.0))
+    losses = rollout_losses(pipe, run, teacher, "a red circle", cfg, torch.Generator().manual_seed(0),
+                            np.random.default_rng(0))
+    assert relinked == [3] and losses == [0.0] * 8
+
+
 def test_compressed_student_has_a_gap_and_gradients(folder):
     losses, grads = _gaps(folder, "keep=0.3,ema=0,low=1,dilate=1")
     assert all(np.isfinite(losses)) and max(losses) > 0

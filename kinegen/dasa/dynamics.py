@@ -19,6 +19,10 @@ At each chunk commit, from the chunk's clean latents and the previous chunk's la
    a prompt switch (the pipeline re-caches), makes the chunk a keyframe: kept whole, computed fully, and the
    dynamics restart from it (section 4.5).
 
+While a chunk is denoised, :meth:`DynamicsTracker.moved` reads the same score from the chunk's own clean-latent
+prediction (section 5: "the current chunk's step-1 x0 prediction") against the entry level of the last commit:
+places the chunk is moving into, which the dynamics of the chunks before it cannot know (``DASAConfig.recheck``).
+
 ``select="uniform"`` or ``"random"`` replaces steps 1-4 by a fixed strided or a random ``keep`` share of each frame
 (the peers "uniform or random token dropping" at the same budget; keyframes still apply).
 
@@ -32,6 +36,11 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+PEAK_SHARE = 0.5
+""":meth:`DynamicsTracker.moved`: a place moves when its score over the frame's background level is at least this
+share of the last committed frame's strongest (its peak over its background): the shape itself, not the top of a
+budget that, on a small shape, reaches into the background's noise."""
 
 SCENE_FLOOR = 0.05
 """The smallest running mean difference a scene jump is measured against (normalised latents have unit scale; a
@@ -57,6 +66,12 @@ def dilate(scores: torch.Tensor, size: int) -> torch.Tensor:
     return F.max_pool2d(scores[:, None], kernel_size=size, stride=1, padding=size // 2)[:, 0]
 
 
+def background_level(score: torch.Tensor, keep: float, threshold: float | None, floor: bool) -> float:
+    """Where membership is measured from: the frame's median score with ``floor`` and a budget of under half the
+    frame, else 0."""
+    return float(score.median()) if floor and threshold is None and keep < 0.5 else 0.0
+
+
 def membership(score: torch.Tensor, keep: float, threshold: float | None, floor: bool = False) -> torch.Tensor:
     """Score over the entry level, ``[H', W']``: >= 1 enters the dynamic set. With a budget, the level is the
     ``ceil(keep * tokens)``-th largest score and those tokens are at least 1 (ties and a still frame included).
@@ -67,7 +82,7 @@ def membership(score: torch.Tensor, keep: float, threshold: float | None, floor:
     flat = score.flatten()
     k = max(1, math.ceil(keep * flat.numel()))
     top = flat.topk(k)
-    base = flat.median() if floor and keep < 0.5 else flat.new_zeros(())
+    base = background_level(score, keep, threshold, floor)
     u = (flat - base) / (top.values[-1] - base).clamp(min=1e-12)
     u[top.indices] = u[top.indices].clamp(min=1.0)
     return u.view_as(score)
@@ -90,10 +105,18 @@ class DynamicsTracker:
         self.centre, self.floor = centre, floor
         self.dilate_size, self.scene_jump, self.select = dilate_size, scene_jump, select
         self.anchor_every = anchor_every
+        self.peak: float | None = None  # the last frame scored: its highest score over its background level
         self.frames_seen = 0  # seeds the random selection
         self.keyframes = 0
         self.scene_changes = 0
         self.reset()
+
+    @classmethod
+    def from_config(cls, config, **overrides) -> DynamicsTracker:
+        """The tracker of a :class:`~kinegen.dasa.config.DASAConfig`, some settings replaced (``keep=...``)."""
+        names = ("keep", "threshold", "ema", "low", "scene_jump", "select", "anchor_every", "centre", "floor")
+        settings = {name: getattr(config, name) for name in names} | {"dilate_size": config.dilate}
+        return cls(**(settings | overrides))
 
     def reset(self) -> None:
         self.since_keyframe = 0  # chunks committed since the last keyframe
@@ -119,6 +142,7 @@ class DynamicsTracker:
         masks: list[torch.Tensor | None] = []
         for score in dilate(scores, self.dilate_size):
             u = membership(score, self.keep, self.threshold, self.floor)
+            self.peak = float(score.max()) - background_level(score, self.keep, self.threshold, self.floor)
             self.smooth = u if self.smooth is None else self.ema * self.smooth + (1 - self.ema) * u
             held = torch.ones_like(u, dtype=torch.bool) if self.dynamic is None else self.dynamic
             self.dynamic = (u >= 1) | (held & (self.smooth >= self.low))
@@ -126,6 +150,19 @@ class DynamicsTracker:
                 self.dynamic.view(-1)[self.smooth.argmax()] = True
             masks.append(self.dynamic.flatten().clone())
         return self._anchored(masks)
+
+    def moved(self, x0: torch.Tensor, previous: torch.Tensor, patch: tuple[int, int]) -> torch.Tensor | None:
+        """``[H', W']`` bool: the places where a chunk's predicted clean latents ``x0`` ``[B, C, F, h, w]`` differ
+        from the frame before (``previous`` ``[B, C, 1, h, w]``), in any frame (dilated as the dynamics are), by at
+        least :data:`PEAK_SHARE` of the last committed frame's peak, each over its frame's background level: where
+        the chunk is moving now. Measured from the background level (with ``floor``), a prediction that is blurrier
+        than the committed frame everywhere does not count as motion everywhere. None before any frame was scored,
+        after a still one (no peak to compare with), or with a peer's selection (which reads no motion)."""
+        if self.peak is None or self.peak <= 0 or self.select != "dynamics":
+            return None
+        scores = dilate(latent_motion(x0, previous, patch, self.centre), self.dilate_size)
+        base = torch.tensor([background_level(s, self.keep, self.threshold, self.floor) for s in scores])
+        return (scores - base.view(-1, 1, 1).to(scores) >= PEAK_SHARE * self.peak).any(dim=0)
 
     def _anchored(self, masks: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
         """Keep the chunk's first frame whole when the chunk is an anchor: every ``anchor_every``-th chunk after a

@@ -8,7 +8,8 @@ undoes them when the call ends, so between calls the model is untouched. Per chu
 1. :meth:`~DASARun.before_chunk` fixes the chunk's **static places** from what is known before denoising it: the
    dynamic set after the *previous* chunk's commit (:class:`~kinegen.dasa.dynamics.DynamicsTracker`), the same
    places in every frame of the chunk; none after a keyframe (the first chunk, a scene change, a prompt switch,
-   which this chunk then is);
+   which this chunk then is); with ``recheck``, after each forward that computed every token, the places where the
+   chunk's own clean-latent prediction moves join the dynamic ones (:meth:`~DASARun.recheck`);
 2. each denoising forward gets a :class:`CallPlan` by ``compute`` (section 4.2):
 
    - ``reuse`` (option 1): every ``refresh``-th step computes every token and remembers, per layer, the chunk's keys
@@ -69,6 +70,7 @@ class _Chunk:
     densities: list = dataclasses.field(default_factory=list)
     kept_share: float = 1.0
     keyframe: bool = True
+    rechecked: int = 0  # static places the chunk's own prediction showed moving (``recheck``)
     relinked: bool = False  # a later VAE segment's re-encoded image latent (segment_overlap): kept, not tracked
 
 
@@ -90,8 +92,7 @@ class DASARun:
 
         c = self.config
         self.pipe, self.state = pipe, state
-        self.tracker = DynamicsTracker(c.keep, c.threshold, c.ema, c.low, c.dilate, c.scene_jump, c.select,
-                                       c.anchor_every, c.centre, c.floor)
+        self.tracker = DynamicsTracker.from_config(c)
         self.frame_masks: dict[int, torch.Tensor | None] = {}
         self.previous: torch.Tensor | None = None
         self.chunk: _Chunk | None = None
@@ -121,11 +122,38 @@ class DASARun:
         self.chunk = chunk
         self.held_x0 = None
         if chunk.static is not None:
-            places = torch.nonzero(~chunk.static)[:, 0]
-            tpf = chunk.static.numel()
-            self.dynamic_index = (torch.arange(frames, device=places.device)[:, None] * tpf + places).flatten()
+            self._index_dynamic()
             if self.config.compute == "steps" and self._static_steps() == 0:
                 self.held_x0 = self.previous  # the aligned frame: the previous chunk's last clean latent
+
+    def _index_dynamic(self) -> None:
+        """The positions of the dynamic places' tokens in the chunk's token sequence (what ``reuse`` computes)."""
+        chunk = self.chunk
+        places = torch.nonzero(~chunk.static)[:, 0]
+        tpf = chunk.static.numel()
+        self.dynamic_index = (torch.arange(chunk.frames, device=places.device)[:, None] * tpf + places).flatten()
+
+    def recheck(self, latents: torch.Tensor, output: torch.Tensor) -> None:
+        """``recheck``: after a forward that computed every token, the places where the chunk's own clean-latent
+        prediction ``x0 = x - sigma v`` moved from the previous chunk's last frame join the dynamic places for the
+        rest of the chunk (:meth:`~kinegen.dasa.dynamics.DynamicsTracker.moved`). The static places come from the
+        chunks before, which cannot know where a shape is going next; without this, a shape that moves into one
+        has its output there reused (``reuse``) or held (``steps``) and stands still."""
+        chunk, plan = self.chunk, self.plan
+        if (not self.config.recheck or chunk is None or chunk.static is None or self.state.commit
+                or plan is None or plan.computed is not None or self.previous is None):
+            return
+        sigma = float(self.pipe.scheduler.sigmas[chunk.step - 1])
+        x0 = (latents.to(output.dtype) - sigma * output).detach()  # (a distillation's student runs with gradients)
+        previous = self.previous.to(x0).repeat(x0.shape[0] // self.previous.shape[0], 1, 1, 1, 1)  # CFG branches
+        moved = self.tracker.moved(x0, previous, self.patch)
+        if moved is None:
+            return
+        static = chunk.static & ~moved.flatten()
+        chunk.rechecked += int(chunk.static.sum() - static.sum())
+        chunk.static = static if bool(static.any()) else None
+        if chunk.static is not None:
+            self._index_dynamic()
 
     def before_commit(self, latents: torch.Tensor, frame_offset: int) -> None:
         chunk = self.chunk
@@ -222,6 +250,7 @@ class DASARun:
         per_token = 0 if cache.k is None else cache.k[0, 0].numel() * cache.k.shape[0] * cache.k.element_size() * 2
         entry = {"index": chunk.index, "keyframe": chunk.keyframe, "kept_share": chunk.kept_share,
                  "static_share": 0.0 if chunk.static is None else float(chunk.static.float().mean()),
+                 "rechecked_share": chunk.rechecked / tpf,
                  "computed_share": chunk.computed_tokens / max(chunk.total_tokens, 1),
                  "kv_bytes": self.state.kv_bytes,
                  "dense_kv_bytes": per_token * tpf * len(cache.frames) * len(self.state.caches)}
@@ -246,6 +275,7 @@ class _Root(ModelHook):
 
     def post_forward(self, module, output):
         sample = output[0] if isinstance(output, tuple) else output.sample
+        self.run.recheck(self.latents, sample)
         held = self.run.hold(self.latents, sample)
         self.run.plan, self.latents = None, None
         if held is sample:

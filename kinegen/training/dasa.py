@@ -6,9 +6,11 @@ the model with DASA on; the **teacher** is the same model, frozen, dense. Both s
 student's own rollout (x0 regression on self-rollouts, the note's second loss choice):
 
 1. a rollout of ``frames`` frames from a training prompt, chunk after chunk, by the student with DASA on (no
-   gradients), each committed chunk also committed densely to the teacher's own cache;
-2. at ``loss_steps`` denoising steps of each chunk after the first (drawn at random), the student's forward runs
-   with gradients and the teacher's on the same input, and
+   gradients), each committed chunk also committed densely to the teacher's own cache; with overlapping VAE
+   segments each later segment starts as the pipeline starts it, on the last frame so far re-encoded (not
+   generated: before 2026-12-07, later, the rollouts drew it from noise, which the pipeline never does);
+2. at ``loss_steps`` denoising steps of each generated chunk after the first (drawn at random), the student's
+   forward runs with gradients and the teacher's on the same input, and
 
        loss = mean_tokens( w * |x0_student - x0_teacher|^2 ),   x0 = x_t - sigma_t v,   w = 1 + lambda * dyn
 
@@ -66,7 +68,7 @@ def rollout_losses(pipe, student_run, teacher, prompt: str, cfg, generator, rng:
     ``student_run`` (a :class:`~kinegen.dasa.run.DASARun`) driving it, ``teacher`` the dense copy. Returns the
     per-forward losses, already backpropagated into the student's gradients."""
     from ..pipelines.causal_wan import KVCacheConfig, make_causal
-    from ..pipelines.wan_ar import context_latents
+    from ..pipelines.wan_ar import segment_latent_frames
 
     device = pipe._execution_device
     partition = pipe.check_frames(cfg.frames)  # the pipeline's own chunks (with VAE segments, segment by segment)
@@ -79,11 +81,23 @@ def rollout_losses(pipe, student_run, teacher, prompt: str, cfg, generator, rng:
     cache = KVCacheConfig(sink_frames=pipe.config.sink_frames, window_frames=pipe.config.window_frames)
     student_state = make_causal(pipe.transformer, cache)  # per rollout, as the pipeline does per call
     teacher_state = make_causal(teacher, cache)
+    seg = segment_latent_frames(pipe.segment_frames) if pipe.segment_frames else None
+    segment: list[torch.Tensor] = []  # with VAE segments, the chunks of the segment under way
     student_run.begin(pipe, student_state)
     try:
         start = 0
         for c, n in enumerate(partition):
             student_run.before_chunk(c, start, n, cfg.sample_steps, False)
+            previous = None
+            if seg and start % seg == 0:
+                previous, segment = segment, []
+            if pipe.relinks(start):  # the last frame shown, re-encoded, as the pipeline starts a segment: no loss
+                x = pipe._relink(torch.cat(previous, dim=2))
+                segment.append(x)
+                _commit(pipe, teacher, student_run, student_state, teacher_state, x, start, embeds, guidance,
+                        generator)
+                start += n
+                continue
             x = torch.randn((1, pipe.transformer.config.in_channels, n, h, w), generator=generator).to(device)
             pipe.scheduler.set_timesteps(cfg.sample_steps, device=device)
             trained = set(rng.choice(cfg.sample_steps, size=min(cfg.loss_steps, cfg.sample_steps),
@@ -108,12 +122,9 @@ def rollout_losses(pipe, student_run, teacher, prompt: str, cfg, generator, rng:
                     uncond, cond = pred.chunk(2)
                     pred = uncond + guidance * (cond - uncond)
                 x = pipe.scheduler.step(pred, t, x, return_dict=False)[0]
-            student_run.before_commit(x, start)
-            level = pipe.config.context_noise  # committed as the pipeline commits (docs/autoregressive.md)
-            x = context_latents(x, level, generator)
-            committed = torch.cat([x, x]) if guidance > 1 else x
-            pipe._forward(committed, 1000 * level, embeds, student_state, frame_offset=start, commit=True)
-            _forward(teacher, teacher_state, committed, 1000 * level, embeds, frame_offset=start, commit=True)
+            if seg:
+                segment.append(x)
+            _commit(pipe, teacher, student_run, student_state, teacher_state, x, start, embeds, guidance, generator)
             start += n
     finally:
         student_run.end()
@@ -121,6 +132,19 @@ def rollout_losses(pipe, student_run, teacher, prompt: str, cfg, generator, rng:
             state.clear()
             state.remove()
     return losses
+
+
+def _commit(pipe, teacher, student_run, student_state, teacher_state, x, start, embeds, guidance, generator):
+    """A chunk's clean latents ``x`` into both caches, as the pipeline commits (at its ``context_noise``,
+    docs/autoregressive.md), the student's after DASA has read its dynamics."""
+    from ..pipelines.wan_ar import context_latents
+
+    student_run.before_commit(x, start)
+    level = pipe.config.context_noise
+    x = context_latents(x, level, generator)
+    committed = torch.cat([x, x]) if guidance > 1 else x
+    pipe._forward(committed, 1000 * level, embeds, student_state, frame_offset=start, commit=True)
+    _forward(teacher, teacher_state, committed, 1000 * level, embeds, frame_offset=start, commit=True)
 
 
 def train_dasa(run_dir: str | Path, cfg) -> Path:
