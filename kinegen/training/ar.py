@@ -56,6 +56,9 @@ Two more things bring training closer to inference:
   ``(1 - s) x_0 + s e`` at timestep ``1000 s``, as the exported pipeline (whose ``context_noise`` it sets) commits
   chunks; the model learns to continue from history whose fine detail it cannot trust.
 
+With ``object_weight`` the flow loss weights the latent pixels a shape covers by ``1 + object_weight``, as the
+bundled text-to-video model was trained (:func:`encode_masks`: the masks in the latents' layout).
+
 The text encoder stays frozen; an EMA of the transformer is exported as a ``WanAutoregressivePipeline`` folder.
 """
 
