@@ -60,7 +60,7 @@ class DASAConfig:
         recheck: after each forward that computes every token (``reuse``'s refreshes, ``steps``' own steps, every
             ``sparse`` step), the places where the chunk's own clean-latent prediction moved from the previous
             chunk's last frame (by half the last committed frame's strongest motion) are dynamic for the rest of the
-            chunk: the static places come from the chunks before, and a shape moving into one would otherwise stand
+            chunk: the static places come from the chunks before, and a shape moving into one could otherwise stand
             still (False, the default: the previous chunks' dynamics only; on six held-out videos it changed no
             adherence reading beyond noise and cost 8% of the speedup at the 58%-KV setting, benchmarks/dasa.md).
         refresh: ``reuse``: static tokens are computed every ``refresh`` steps of a chunk (the first included).

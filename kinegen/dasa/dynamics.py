@@ -20,8 +20,9 @@ At each chunk commit, from the chunk's clean latents and the previous chunk's la
    dynamics restart from it (section 4.5).
 
 While a chunk is denoised, :meth:`DynamicsTracker.moved` reads the same score from the chunk's own clean-latent
-prediction (section 5: "the current chunk's step-1 x0 prediction") against the entry level of the last commit:
-places the chunk is moving into, which the dynamics of the chunks before it cannot know (``DASAConfig.recheck``).
+prediction (section 5: "the current chunk's step-1 x0 prediction") against half the peak of the last committed
+frame: places the chunk is moving into, which the dynamics of the chunks before it cannot know
+(``DASAConfig.recheck``).
 
 ``select="uniform"`` or ``"random"`` replaces steps 1-4 by a fixed strided or a random ``keep`` share of each frame
 (the peers "uniform or random token dropping" at the same budget; keyframes still apply).

@@ -138,7 +138,8 @@ class DASARun:
         prediction ``x0 = x - sigma v`` moved from the previous chunk's last frame join the dynamic places for the
         rest of the chunk (:meth:`~kinegen.dasa.dynamics.DynamicsTracker.moved`). The static places come from the
         chunks before, which cannot know where a shape is going next; without this, a shape that moves into one
-        has its output there reused (``reuse``) or held (``steps``) and stands still."""
+        has its output there reused (``reuse``) or held (``steps``) and could stand still (measured: it changed no
+        adherence reading on this project's model, so it is off by default)."""
         chunk, plan = self.chunk, self.plan
         if (not self.config.recheck or chunk is None or chunk.static is None or self.state.commit
                 or plan is None or plan.computed is not None or self.previous is None):
