@@ -462,6 +462,12 @@ def test_a_relinked_segment_start_is_kept_whole_not_called_a_scene_change(ar):
     assert all(c["kept_share"] == 1.0 for c in chunks[::2]) and all(c["kept_share"] < 1 for c in chunks[3::2])
     assert stats["scene_changes"] == 0 and stats["kv_bytes"] < stats["dense_kv_bytes"]
     assert torch.isfinite(out.frames).all()
+    # A relinked chunk is not denoised: it has no computed share and does not dilute the run's.
+    assert [c["computed_share"] is None for c in chunks] == [False] + [False, True] * 3 + [False]
+    denoised = [c for c in chunks if c["denoised_tokens"]]
+    assert stats["computed_share"] == pytest.approx(sum(c["computed_tokens"] for c in denoised)
+                                                    / sum(c["denoised_tokens"] for c in denoised))
+    assert stats["computed_share"] > sum(c["computed_share"] or 0 for c in chunks) / len(chunks)
 
 
 @torch.no_grad()

@@ -41,17 +41,19 @@ def apply_dasa(pipe, config: DASAConfig | None = None, run: RunInfo | None = Non
 
 def dasa_stats(dasa: DASARun) -> dict:
     """The last call's numbers: KV bytes after the last chunk and at most (compressed and dense), their ratio, kept
-    and computed shares, keyframes; ``chunks`` per chunk."""
+    and computed shares (of the token-forwards of all denoising steps), keyframes; ``chunks`` per chunk."""
     chunks = dasa.chunks
     if not chunks:
         return {"calls": dasa.calls}
     kv, dense = chunks[-1]["kv_bytes"], chunks[-1]["dense_kv_bytes"]
     kv_max, dense_max = max(c["kv_bytes"] for c in chunks), max(c["dense_kv_bytes"] for c in chunks)
+    denoised = sum(c["denoised_tokens"] for c in chunks)
     out = {"calls": dasa.calls, "kv_bytes": kv, "dense_kv_bytes": dense, "kv_ratio": kv / max(dense, 1),
            "kv_bytes_max": kv_max, "dense_kv_bytes_max": dense_max, "kv_ratio_max": kv_max / max(dense_max, 1),
            "keyframes": sum(c["keyframe"] for c in chunks), "scene_changes": dasa.tracker.scene_changes,
            "kept_share": sum(c["kept_share"] for c in chunks) / len(chunks),
-           "computed_share": sum(c["computed_share"] for c in chunks) / len(chunks), "chunks": chunks}
+           "computed_share": sum(c["computed_tokens"] for c in chunks) / denoised if denoised else 1.0,
+           "chunks": chunks}
     densities = [c["sparse_density"] for c in chunks if "sparse_density" in c]
     if densities:
         out["sparse_density"] = sum(densities) / len(densities)

@@ -252,7 +252,9 @@ class DASARun:
         entry = {"index": chunk.index, "keyframe": chunk.keyframe, "kept_share": chunk.kept_share,
                  "static_share": 0.0 if chunk.static is None else float(chunk.static.float().mean()),
                  "rechecked_share": chunk.rechecked / tpf,
-                 "computed_share": chunk.computed_tokens / max(chunk.total_tokens, 1),
+                 # (a re-encoded segment start is not denoised: no token-forwards, no share)
+                 "computed_share": chunk.computed_tokens / chunk.total_tokens if chunk.total_tokens else None,
+                 "computed_tokens": chunk.computed_tokens, "denoised_tokens": chunk.total_tokens,
                  "kv_bytes": self.state.kv_bytes,
                  "dense_kv_bytes": per_token * tpf * len(cache.frames) * len(self.state.caches)}
         if chunk.densities:
