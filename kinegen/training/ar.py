@@ -115,6 +115,14 @@ def segment_stride(cfg: ARTrainConfig) -> int:
     return cfg.segment_frames - 1 if cfg.segment_frames and cfg.segment_overlap else cfg.segment_frames
 
 
+def segment_spans(frames: int, segment_frames: int, overlap: bool = False) -> list[slice]:
+    """The VAE segments of a clip of ``frames`` frames, each ``segment_frames`` long (``overlap``: each starting on
+    the previous one's last frame); frames after the last whole segment are left out."""
+    stride = segment_frames - 1 if overlap else segment_frames
+    n = (frames - 1) // stride if overlap else frames // stride
+    return [slice(i * stride, i * stride + segment_frames) for i in range(n)]
+
+
 def encode_segmented(vae, clips: np.ndarray, segment_frames: int, overlap: bool = False) -> torch.Tensor:
     """VAE latents ``[B, C, F, h, w]`` of uint8 clips ``[B, T, H, W, 3]`` coded as segments of ``segment_frames``
     frames, each alone (the first frame of each coded as an image), their latent frames end to end: the layout
@@ -123,9 +131,9 @@ def encode_segmented(vae, clips: np.ndarray, segment_frames: int, overlap: bool 
     if not segment_frames:
         return vae.encode(to_tensor(clips)).latent_dist.mode()
     b, t = clips.shape[:2]
-    stride = segment_frames - 1 if overlap else segment_frames
-    n = (t - 1) // stride if overlap else t // stride
-    parts = np.stack([clips[:, i * stride:i * stride + segment_frames] for i in range(n)], axis=1)
+    spans = segment_spans(t, segment_frames, overlap)
+    n = len(spans)
+    parts = np.stack([clips[:, span] for span in spans], axis=1)
     z = vae.encode(to_tensor(parts.reshape(b * n, segment_frames, *clips.shape[2:]))).latent_dist.mode()
     z = z.view(b, n, *z.shape[1:]).transpose(1, 2)  # [B, C, segments, latents, h, w]
     return z.reshape(b, z.shape[1], -1, *z.shape[-2:])
@@ -162,9 +170,7 @@ def segment_coverage(mask: np.ndarray, segment_frames: int, overlap: bool = Fals
     m = torch.from_numpy(mask)
     if not segment_frames:
         return latent_coverage(m)
-    stride = segment_frames - 1 if overlap else segment_frames
-    n = (len(m) - 1) // stride if overlap else len(m) // stride
-    return torch.cat([latent_coverage(m[i * stride:i * stride + segment_frames]) for i in range(n)])
+    return torch.cat([latent_coverage(m[span]) for span in segment_spans(len(m), segment_frames, overlap)])
 
 
 def encode_masks(run_dir: Path, cfg: ARTrainConfig,
