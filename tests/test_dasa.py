@@ -468,6 +468,14 @@ def test_a_relinked_segment_start_is_kept_whole_not_called_a_scene_change(ar):
     assert stats["computed_share"] == pytest.approx(sum(c["computed_tokens"] for c in denoised)
                                                     / sum(c["denoised_tokens"] for c in denoised))
     assert stats["computed_share"] > sum(c["computed_share"] or 0 for c in chunks) / len(chunks)
+    # relink_whole=False: the relinked latent keeps only the places the dynamics mark (the next chunk's static
+    # places are those the dynamics left static), and the cache holds less.
+    out2, compressed = _run(pipe, DASAConfig(**COMPRESS, anchor_every=0, relink_whole=False))
+    relinked = compressed["chunks"][2::2][:3]
+    assert all(not c["keyframe"] and 0 < c["kept_share"] < 1 for c in relinked)
+    assert all(c["kept_share"] == pytest.approx(1 - n["static_share"])
+               for c, n in zip(relinked, compressed["chunks"][3::2], strict=True))
+    assert compressed["kv_bytes"] < stats["kv_bytes"] and torch.isfinite(out2.frames).all()
 
 
 @torch.no_grad()

@@ -49,6 +49,13 @@ class DASAConfig:
             dropped places standing on the latest cached token at the same place (0: only keyframes are whole).
             With 2-frame chunks an anchor in every chunk keeps at least half of the cache; fewer anchors lean on
             older tokens for static places, which drift if the background changes slowly.
+        relink_whole: with overlapping VAE segments (``segment_overlap``), each later segment's re-encoded image
+            latent is kept whole (True); False keeps it only at the places the dynamics mark, its static places
+            standing on the latest cached token at the same place (as a compressed anchor's do). Whole, one latent
+            frame in five of a 17-frame segment is never compressed, which holds the KV above about half of dense
+            at the settings that reach 2x; but the 4-frame latents that would stand for it are another kind of
+            latent, and the next chunks lose colour and motion (measured at 50% KV: colour 24 and motion 53 points
+            under dense, against 2 and 23 kept whole; benchmarks/dasa.md, "The last whole frames").
         select: ``dynamics`` (DASA), or a peer at the same budget for comparisons: ``uniform`` (evenly strided) or
             ``random`` token dropping, ``keep`` of each frame, no smoothing (the static set for ``compute`` is then
             the tokens not selected).
@@ -83,6 +90,7 @@ class DASAConfig:
     dilate: int = 3
     scene_jump: float | None = 3.0
     anchor_every: int = 1
+    relink_whole: bool = True
     select: str = "dynamics"
     bias: bool = True
     compute: str = "reuse"

@@ -161,9 +161,13 @@ class DASARun:
         if chunk.relinked and not chunk.new_prompt:
             # The frame just shown coded again as an image latent: another kind of latent than the 4-frame ones
             # around it, so its difference from them is not motion (it would read as a scene change every
-            # segment). Kept whole as the segment's anchor; the dynamics go on from the previous latent frame.
-            self.frame_masks[frame_offset] = None
-            chunk.keyframe, chunk.kept_share = False, 1.0
+            # segment). The dynamics go on from the previous latent frame; the latent is kept whole as the
+            # segment's anchor or (relink_whole=False) at the places those dynamics mark.
+            dynamic = self.tracker.dynamic
+            mask = None if self.config.relink_whole or dynamic is None else dynamic.flatten().clone()
+            self.frame_masks[frame_offset] = mask
+            chunk.keyframe = False
+            chunk.kept_share = 1.0 if mask is None else float(mask.float().mean())
             return
         masks = self.tracker.update(latents, self.previous, self.patch, force_keyframe=chunk.new_prompt)
         cached = set(self.state.cached_frames)
