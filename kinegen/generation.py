@@ -491,8 +491,6 @@ def generate_class_images(pipe, class_labels=None, *, num_images: int = 16, seed
     ids = [ids[i % len(ids)] for i in range(num_images)]
     seeds = [int(seed) + i for i in range(num_images)]
     if texture is not None:
-        if not pipe.texture_names:
-            raise InvalidRequestError(f"{spec.name} was trained without texture labels; leave the texture out.")
         try:
             texture = pipe.texture_names[pipe.get_texture_ids(texture, 1)[0]]
         except ValueError as e:

@@ -100,25 +100,6 @@ _RANGES = {"seed": (0, None), "crop": (8, 64), "size": (8, None), "resolution": 
            "spectrum_match": (0, None)}
 
 
-def _check_ar_segments(cfg) -> None:
-    """``kinegen train ar --segment-frames``: segments the VAE codes and the chunks split, windows of whole ones."""
-    from ..errors import ConfigError
-
-    seg = cfg.segment_frames
-    if seg % 4 != 1 or seg < 5 or ((seg - 1) // 4) % cfg.chunk_frames:
-        raise ConfigError(f"--segment-frames must be 4k + 1 frames whose k latent frames after the first split into "
-                          f"chunks of --chunk-frames {cfg.chunk_frames} (17 at the defaults); got {seg}.")
-    if cfg.segment_overlap and ((cfg.frames - 1) % (seg - 1) or cfg.max_start % (seg - 1)):
-        raise ConfigError(f"with --segment-overlap, segments of {seg} frames start every {seg - 1}: --frames must "
-                          f"be 1 + a multiple of {seg - 1} and --max-start a multiple of it (e.g. --frames "
-                          f"{2 * seg - 1} --max-start {13 * (seg - 1)}); got {cfg.frames} and {cfg.max_start}.")
-    if not cfg.segment_overlap and (cfg.frames % seg or cfg.max_start % seg):
-        raise ConfigError(f"--frames and --max-start must be whole numbers of segments of --segment-frames {seg} "
-                          f"(e.g. --frames {2 * seg} --max-start {12 * seg}); got {cfg.frames} and {cfg.max_start}.")
-    if cfg.rollout_prob:
-        raise ConfigError("--rollout-prob does not support --segment-frames yet; leave one of them out.")
-
-
 def check_settings(args, cfg) -> None:
     """Every setting in range and every folder usable, before a run folder is made or any work starts."""
     import dataclasses
@@ -145,18 +126,10 @@ def check_settings(args, cfg) -> None:
             raise ConfigError(f"{flag} {value} is not a folder; {hint}.")
     if args.what == "dasa":
         _check_dasa(cfg)
-    for name, does in (("context_noise", "noises the clean history of teacher forcing"),
-                       ("rollout_prob", "gives teacher forcing a history the model rolled out itself")):
-        if args.what == "ar" and getattr(cfg, name) and not cfg.teacher_forcing:
-            raise ConfigError(f"--{name.replace('_', '-')} {does}; keep --teacher-forcing true.")
-    if args.what == "ar" and cfg.rollout_prob and cfg.frames < 12 * cfg.chunk_frames + 1:
-        raise ConfigError(f"--rollout-prob needs windows of at least 4 chunks (two real ones, one rolled out, one "
-                          f"after it): --frames {12 * cfg.chunk_frames + 1} or more at --chunk-frames "
-                          f"{cfg.chunk_frames}; got {cfg.frames}.")
-    if args.what == "ar" and cfg.segment_frames:
-        _check_ar_segments(cfg)
-    if args.what == "ar" and cfg.segment_overlap and not cfg.segment_frames:
-        raise ConfigError("--segment-overlap overlaps VAE segments: give --segment-frames too (e.g. 17).")
+    if args.what == "ar":
+        from ..training.ar import check_config
+
+        check_config(cfg)
     if getattr(cfg, "decoder_only", False) and not cfg.init:
         raise ConfigError("--decoder-only fine-tunes a trained VAE's decoder: pass --init VAE_FOLDER.")
     if args.what == "t2v":  # what train_t2v checks first, as errors rather than tracebacks

@@ -100,7 +100,7 @@ class MPGANPipeline(DiffusionPipeline):
         """One texture index per image from a name, an index or a list of ``n`` of them; a clear error otherwise."""
         names = self.texture_names
         if not names:
-            raise ValueError("this generator was trained without texture labels; leave textures out.")
+            raise ValueError("this generator was trained without texture labels; leave the texture out.")
         one = isinstance(textures, (int, str, np.integer))
         items = [textures] * n if one else list(textures)
         if len(items) != n:

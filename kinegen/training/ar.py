@@ -73,6 +73,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..data.shapes import render_long_clip, render_long_mask, sample_clip
+from ..errors import ConfigError
 from ..models.shapes_t2v import build_scheduler
 from ..pipelines.causal_wan import KVCacheConfig, make_causal
 from ..pipelines.wan_ar import (
@@ -432,6 +433,44 @@ def rolled_out(transformer, state, cross, tokenizer, text_encoder, x0, captions,
         cross.pad_copies = pad_copies
 
 
+def check_config(cfg: ARTrainConfig) -> None:
+    """Raise :class:`~kinegen.errors.ConfigError` naming the flag to change where the settings do not fit together
+    (their ranges one by one are the CLI's to check): windows and segments the VAE codes and the chunks split, the
+    export's cache, and teacher forcing where a setting needs it. ``kinegen train ar`` calls it before any work."""
+    seg, frames, chunk = cfg.segment_frames, cfg.frames, cfg.chunk_frames
+    problems = []
+    if seg and (seg % 4 != 1 or seg < 5 or ((seg - 1) // 4) % chunk):
+        problems.append(f"--segment-frames must be 4k + 1 frames whose k latent frames after the first split into "
+                        f"chunks of --chunk-frames {chunk} (17 at the defaults); got {seg}.")
+    elif seg and cfg.segment_overlap and ((frames - 1) % (seg - 1) or cfg.max_start % (seg - 1)):
+        problems.append(f"with --segment-overlap, segments of {seg} frames start every {seg - 1}: --frames must be "
+                        f"1 + a multiple of {seg - 1} and --max-start a multiple of it (e.g. --frames {2 * seg - 1} "
+                        f"--max-start {13 * (seg - 1)}); got {frames} and {cfg.max_start}.")
+    elif seg and not cfg.segment_overlap and (frames % seg or cfg.max_start % seg):
+        problems.append(f"--frames and --max-start must be whole numbers of segments of --segment-frames {seg} "
+                        f"(e.g. --frames {2 * seg} --max-start {12 * seg}); got {frames} and {cfg.max_start}.")
+    if seg and cfg.rollout_prob:
+        problems.append("--rollout-prob does not support --segment-frames yet; leave one of them out.")
+    if not seg and cfg.segment_overlap:
+        problems.append("--segment-overlap overlaps VAE segments: give --segment-frames too (e.g. 17).")
+    if cfg.window_frames < chunk:
+        problems.append(f"--window-frames {cfg.window_frames} is smaller than a chunk (--chunk-frames {chunk}); the "
+                        "exported cache must hold at least one whole chunk.")
+    for name, does in (("context_noise", "noises the clean history of teacher forcing"),
+                       ("rollout_prob", "gives teacher forcing a history the model rolled out itself")):
+        if getattr(cfg, name) and not cfg.teacher_forcing:
+            problems.append(f"--{name.replace('_', '-')} {does}; keep --teacher-forcing true.")
+    if cfg.rollout_prob and frames < 12 * chunk + 1:
+        problems.append(f"--rollout-prob needs windows of at least 4 chunks (two real ones, one rolled out, one "
+                        f"after it): --frames {12 * chunk + 1} or more at --chunk-frames {chunk}; got {frames}.")
+    if not seg and (frames % 4 != 1 or (frames - 1) // 4 % chunk):
+        problems.append(f"--frames must be 1 + 4 * {chunk} * k (the VAE codes 4 frames per latent frame after the "
+                        f"first, and those split into chunks of --chunk-frames {chunk}); got {frames}.")
+    if problems:
+        raise ConfigError(problems[0])
+    KVCacheConfig(sink_frames=cfg.sink_frames, window_frames=cfg.window_frames)  # the export's cache checks itself
+
+
 def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
     """Encode the windows (once), then train or resume; exports ``run_dir/pipeline``."""
     from diffusers import WanPipeline
@@ -439,21 +478,12 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
     from ..loading import ASSETS_DIR
 
     init = Path(cfg.init) if cfg.init else ASSETS_DIR / "models" / "kinegen-shapes-t2v"
+    check_config(cfg)
     seg = segment_latent_frames(cfg.segment_frames) if cfg.segment_frames else 0
     covered = cfg.frames - 1 if seg and cfg.segment_overlap else cfg.frames  # overlapping: after the first frame
-    if seg:
-        if covered % segment_stride(cfg):
-            raise ValueError(f"--frames must be a whole number of segments of --segment-frames "
-                             f"{cfg.segment_frames} (overlapping by a frame with --segment-overlap); got {cfg.frames}")
-        if cfg.rollout_prob:
-            raise ValueError("--rollout-prob does not support --segment-frames yet; leave one of them out")
-    elif cfg.frames % 4 != 1:
-        raise ValueError(f"--frames must be 4k + 1; got {cfg.frames}")
     latent_frames = covered // segment_stride(cfg) * seg if seg else (cfg.frames - 1) // 4 + 1
-    ids = chunk_ids(latent_frames, cfg.chunk_frames, seg)  # a frame count that does not split fails here
-    cache = KVCacheConfig(sink_frames=cfg.sink_frames, window_frames=cfg.window_frames)  # the export's, checked now
-    if cfg.window_frames < cfg.chunk_frames:
-        raise ValueError(f"--window-frames {cfg.window_frames} is smaller than a chunk ({cfg.chunk_frames})")
+    ids = chunk_ids(latent_frames, cfg.chunk_frames, seg)
+    cache = KVCacheConfig(sink_frames=cfg.sink_frames, window_frames=cfg.window_frames)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     base = WanPipeline.from_pretrained(init, use_safetensors=True)
