@@ -199,6 +199,23 @@ def test_object_weighted_flow_loss():
     assert _flow_loss(pred2, target2, torch.ones(1, 1, 2, 1, 1), 4.0, first_frame_weight=3.0) == pytest.approx(3 / 4)
 
 
+def test_relinked_image_latents_carry_no_loss():
+    """`kinegen train ar --relink-loss false`: in windows of overlapping segments the image latents the pipeline
+    re-encodes rather than generates (every segment's first latent frame but the video's first) get no loss."""
+    from kinegen.training.ar import _weighted_loss, relinked_frames
+
+    # a window from frame 0 (3 segments of 5 latent frames), and a later one after the sink (frame 0 of the batch)
+    assert torch.nonzero(relinked_frames(15, 5, after_sink=False))[:, 0].tolist() == [5, 10]
+    assert torch.nonzero(relinked_frames(16, 5, after_sink=True))[:, 0].tolist() == [1, 6, 11]
+    pred = torch.zeros(1, 1, 3, 1, 1)
+    target = torch.tensor([1.0, 2.0, 3.0]).view(1, 1, 3, 1, 1)
+    ones = torch.ones(1, 1, 1, 1, 1)
+    assert _weighted_loss(pred, target, ones, None, 0.0, None) == pytest.approx(14 / 3)
+    assert _weighted_loss(pred, target, ones, None, 0.0, torch.tensor([False, True, False])) == pytest.approx(5)
+    mask = torch.tensor([1.0, 0.0, 0.0]).view(1, 1, 3, 1, 1)  # object weight 4 on frame 0: weights 5, 0, 1
+    assert _weighted_loss(pred, target, ones, mask, 4.0, torch.tensor([False, True, False])) == pytest.approx(14 / 6)
+
+
 def test_train_export_replaces_the_folder_whole(tmp_path):
     from kinegen.cli import main
     from kinegen.evaluation.adherence import load_classifier

@@ -50,8 +50,10 @@ Two more things bring training closer to inference:
   ``segment_frames``: a VAE trained on short clips does not code longer ones (docs/autoregressive.md, Design).
   Windows start at segment starts; a later one keeps all its latent frames after the sink, so a batch holds one
   kind (:func:`segment_batch`). With ``segment_overlap`` a segment starts on the previous one's last frame, as
-  the pipeline then re-encodes it (windows of 33 frames are two segments of 17). (Tried as a fine-tune of the
-  shipped weights; not shipped.)
+  the pipeline then re-encodes it (windows of 33 frames are two segments of 17). Such a later segment's image
+  latent is never generated at inference (the pipeline re-encodes the frame shown); with ``relink_loss`` off it
+  is history only, with no loss (:func:`relinked_frames`), so the one single-frame chunk the model is trained to
+  generate is the video's first.
 - **Noisy context** (``context_noise``, teacher forcing only): the clean copy is noised to this level,
   ``(1 - s) x_0 + s e`` at timestep ``1000 s``, as the exported pipeline (whose ``context_noise`` it sets) commits
   chunks; the model learns to continue from history whose fine detail it cannot trust.
@@ -88,7 +90,6 @@ from .configs import ARTrainConfig
 from .t2v import (
     PaddedTextCrossAttention,
     _ema_update,
-    _flow_loss,
     _rope_to_float32,
     _sigmas,
     batch_captions,
@@ -246,6 +247,15 @@ def segment_batch(latents, sinks, starts, cfg: ARTrainConfig, segment_latents: i
     return idx, x0, positions, ids
 
 
+def relinked_frames(frames: int, segment_latents: int, after_sink: bool) -> torch.Tensor:
+    """Bool ``[frames]``: the latent frames of a :func:`segment_batch` window that the pipeline with
+    ``segment_overlap`` does not generate but re-encodes from the frame shown: every segment's image latent but the
+    video's first frame (with ``after_sink``, the batch's frame 0 is the sink, the video's first frame, and its
+    window's own first latent frame, frame 1, is a later segment's)."""
+    j = torch.arange(frames) - int(after_sink)  # latent frame within the window (-1: the sink)
+    return (j % segment_latents == 0) & ((j > 0) | (after_sink & (j == 0)))
+
+
 def chunk_ids(latent_frames: int, chunk_frames: int, segment_latents: int = 0) -> torch.Tensor:
     """The chunk of each latent frame, as the pipeline splits them: ``[0, 1, 1, 2, 2, ...]``; with VAE segments
     of ``segment_latents`` latent frames, segment by segment (``[0, 1, 1, 2, 2, 3, 4, 4, 5, 5]`` for two of 5)."""
@@ -275,9 +285,10 @@ def noised(x0, level, noise, ids, tokens) -> tuple[torch.Tensor, torch.Tensor, t
 
 
 def forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, gen: torch.Generator,
-                 mask: torch.Tensor | None = None) -> torch.Tensor:
+                 mask: torch.Tensor | None = None, skip: torch.Tensor | None = None) -> torch.Tensor:
     """Diffusion forcing: every chunk its own noise level (some clean), one block-causal forward, the flow loss on
-    the noisy chunks (latent pixels in ``mask`` ``[B, 1, F, h, w]`` weighted ``1 + object_weight``)."""
+    the noisy chunks (latent pixels in ``mask`` ``[B, 1, F, h, w]`` weighted ``1 + object_weight``; latent frames
+    in ``skip`` ``[F]`` none)."""
     b, chunks, tokens = x0.shape[0], int(ids.max()) + 1, _tokens(transformer, x0)
     noise = torch.randn(x0.shape, generator=gen)
     sig = forcing_sigmas(b, chunks, cfg.flow_shift, cfg.clean_prob, gen)
@@ -291,21 +302,32 @@ def forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, gen: tor
     pred = transformer(xt, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
     # Clean chunks are context only: at s = 0 the velocity e - x_0 names noise the input does not contain.
     w = (s > 0).float().expand_as(x0)
-    if mask is not None:
-        w = w * (1 + cfg.object_weight * mask)
     # (Where x0 was recycled it differs from the real latents only on clean chunks, which carry no loss.)
-    return ((pred - (noise - x0)).square() * w).sum() / w.sum().clamp(min=1)
+    return _weighted_loss(pred, noise - x0, w, mask, cfg.object_weight, skip)
+
+
+def _weighted_loss(pred, target, w, mask, object_weight: float, skip) -> torch.Tensor:
+    """Mean squared error under weights ``w`` (broadcast to ``pred``), times ``1 + object_weight`` on latent pixels
+    in ``mask`` and 0 on latent frames in ``skip`` ``[F]``."""
+    if mask is not None:
+        w = w * (1 + object_weight * mask)
+    if skip is not None:
+        w = w * (~skip).to(pred).view(1, 1, -1, 1, 1)
+    w = w.expand_as(pred)
+    return ((pred - target).square() * w).sum() / w.sum().clamp(min=1)
 
 
 def teacher_forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, gen: torch.Generator,
-                         history: torch.Tensor | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+                         history: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+                         skip: torch.Tensor | None = None) -> torch.Tensor:
     """Teacher forcing in one forward, as the sampler runs: the clean window followed by a noisy copy (every chunk
     its own level); a noisy chunk sees the clean chunks before it and itself, a clean chunk the clean chunks up to
     its own (:func:`kinegen.pipelines.causal_wan.teacher_forcing_mask`), so every chunk is trained in the setting of
     its denoising forwards at inference (a clean cache, committed chunk by chunk). The clean copy is ``history``
     where given (a window with chunks the model rolled out, :func:`rollout`), else with ``recycle_prob`` the
     model's own one-step estimate of the window (error recycling), else the window itself; the targets are always
-    the window's, latent pixels in ``mask`` ``[B, 1, F, h, w]`` weighted ``1 + object_weight``."""
+    the window's, latent pixels in ``mask`` ``[B, 1, F, h, w]`` weighted ``1 + object_weight``, latent frames in
+    ``skip`` ``[F]`` with none."""
     b, f, chunks, tokens = x0.shape[0], x0.shape[2], int(ids.max()) + 1, _tokens(transformer, x0)
     noise = torch.randn(x0.shape, generator=gen)
     sig = _sigmas(b * chunks, cfg.flow_shift, gen).view(b, chunks)
@@ -330,7 +352,7 @@ def teacher_forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, 
                            return_dict=False)[0][:, :, f:]
     finally:
         state.frame_positions, state.teacher_forcing = positions, False
-    return _flow_loss(pred, noise - x0, mask, cfg.object_weight)
+    return _weighted_loss(pred, noise - x0, torch.ones_like(pred[:1, :1]), mask, cfg.object_weight, skip)
 
 
 def one_step_estimate(transformer, x0, level, noise, ids, tokens, text) -> torch.Tensor:
@@ -453,6 +475,9 @@ def check_config(cfg: ARTrainConfig) -> None:
         problems.append("--rollout-prob does not support --segment-frames yet; leave one of them out.")
     if not seg and cfg.segment_overlap:
         problems.append("--segment-overlap overlaps VAE segments: give --segment-frames too (e.g. 17).")
+    if not cfg.relink_loss and not cfg.segment_overlap:
+        problems.append("--relink-loss false leaves out the image latents the pipeline re-encodes between "
+                        "overlapping segments: give --segment-frames 17 --segment-overlap true too.")
     if cfg.window_frames < chunk:
         problems.append(f"--window-frames {cfg.window_frames} is smaller than a chunk (--chunk-frames {chunk}); the "
                         "exported cache must hold at least one whole chunk.")
@@ -519,9 +544,12 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         if seg:  # a batch of windows from frame 0, or of later ones after the sink: the chunks differ
             idx, x0, state.frame_positions, step_ids = segment_batch(latents, sinks, starts, cfg, seg, ids, gen)
+            after_sink = len(step_ids) > len(ids)
+            skip = None if cfg.relink_loss or not cfg.segment_overlap else relinked_frames(len(step_ids), seg,
+                                                                                           after_sink)
         else:
             idx = torch.randint(len(windows), (cfg.batch_size,), generator=gen)
-            x0, step_ids = latents[idx], ids
+            x0, step_ids, skip = latents[idx], ids, None
             if sinks is not None:
                 x0, state.frame_positions = cache_layout(x0, sinks[idx], starts[idx])
             else:
@@ -537,9 +565,10 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
             if cfg.rollout_prob and bool(torch.rand((), generator=gen) < cfg.rollout_prob):
                 history = rolled_out(transformer, state, cross, tokenizer, text_encoder, x0, captions, ids, cfg,
                                      scheduler, gen)
-            loss = teacher_forcing_loss(transformer, state, x0, text, step_ids, cfg, gen, history=history, mask=mask)
+            loss = teacher_forcing_loss(transformer, state, x0, text, step_ids, cfg, gen, history=history, mask=mask,
+                                        skip=skip)
         else:
-            loss = forcing_loss(transformer, state, x0, text, step_ids, cfg, gen, mask=mask)
+            loss = forcing_loss(transformer, state, x0, text, step_ids, cfg, gen, mask=mask, skip=skip)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
