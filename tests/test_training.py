@@ -209,11 +209,10 @@ def test_relinked_image_latents_carry_no_loss():
     assert torch.nonzero(relinked_frames(16, 5, after_sink=True))[:, 0].tolist() == [1, 6, 11]
     pred = torch.zeros(1, 1, 3, 1, 1)
     target = torch.tensor([1.0, 2.0, 3.0]).view(1, 1, 3, 1, 1)
-    ones = torch.ones(1, 1, 1, 1, 1)
-    assert _weighted_loss(pred, target, ones, None, 0.0, None) == pytest.approx(14 / 3)
-    assert _weighted_loss(pred, target, ones, None, 0.0, torch.tensor([False, True, False])) == pytest.approx(5)
+    assert _weighted_loss(pred, target, None, None, 0.0, None) == pytest.approx(14 / 3)
+    assert _weighted_loss(pred, target, None, None, 0.0, torch.tensor([False, True, False])) == pytest.approx(5)
     mask = torch.tensor([1.0, 0.0, 0.0]).view(1, 1, 3, 1, 1)  # object weight 4 on frame 0: weights 5, 0, 1
-    assert _weighted_loss(pred, target, ones, mask, 4.0, torch.tensor([False, True, False])) == pytest.approx(14 / 6)
+    assert _weighted_loss(pred, target, None, mask, 4.0, torch.tensor([False, True, False])) == pytest.approx(14 / 6)
 
 
 def test_train_export_replaces_the_folder_whole(tmp_path):

@@ -307,8 +307,9 @@ def forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, gen: tor
 
 
 def _weighted_loss(pred, target, w, mask, object_weight: float, skip) -> torch.Tensor:
-    """Mean squared error under weights ``w`` (broadcast to ``pred``), times ``1 + object_weight`` on latent pixels
-    in ``mask`` and 0 on latent frames in ``skip`` ``[F]``."""
+    """Mean squared error under weights ``w`` (broadcast to ``pred``; None: 1), times ``1 + object_weight`` on
+    latent pixels in ``mask`` and 0 on latent frames in ``skip`` ``[F]``."""
+    w = torch.ones_like(pred[:1, :1]) if w is None else w
     if mask is not None:
         w = w * (1 + object_weight * mask)
     if skip is not None:
@@ -352,7 +353,7 @@ def teacher_forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, 
                            return_dict=False)[0][:, :, f:]
     finally:
         state.frame_positions, state.teacher_forcing = positions, False
-    return _weighted_loss(pred, noise - x0, torch.ones_like(pred[:1, :1]), mask, cfg.object_weight, skip)
+    return _weighted_loss(pred, noise - x0, None, mask, cfg.object_weight, skip)
 
 
 def one_step_estimate(transformer, x0, level, noise, ids, tokens, text) -> torch.Tensor:
@@ -460,39 +461,36 @@ def check_config(cfg: ARTrainConfig) -> None:
     (their ranges one by one are the CLI's to check): windows and segments the VAE codes and the chunks split, the
     export's cache, and teacher forcing where a setting needs it. ``kinegen train ar`` calls it before any work."""
     seg, frames, chunk = cfg.segment_frames, cfg.frames, cfg.chunk_frames
-    problems = []
     if seg and (seg % 4 != 1 or seg < 5 or ((seg - 1) // 4) % chunk):
-        problems.append(f"--segment-frames must be 4k + 1 frames whose k latent frames after the first split into "
-                        f"chunks of --chunk-frames {chunk} (17 at the defaults); got {seg}.")
-    elif seg and cfg.segment_overlap and ((frames - 1) % (seg - 1) or cfg.max_start % (seg - 1)):
-        problems.append(f"with --segment-overlap, segments of {seg} frames start every {seg - 1}: --frames must be "
-                        f"1 + a multiple of {seg - 1} and --max-start a multiple of it (e.g. --frames {2 * seg - 1} "
-                        f"--max-start {13 * (seg - 1)}); got {frames} and {cfg.max_start}.")
-    elif seg and not cfg.segment_overlap and (frames % seg or cfg.max_start % seg):
-        problems.append(f"--frames and --max-start must be whole numbers of segments of --segment-frames {seg} "
-                        f"(e.g. --frames {2 * seg} --max-start {12 * seg}); got {frames} and {cfg.max_start}.")
+        raise ConfigError(f"--segment-frames must be 4k + 1 frames whose k latent frames after the first split "
+                          f"into chunks of --chunk-frames {chunk} (17 at the defaults); got {seg}.")
+    if seg and cfg.segment_overlap and ((frames - 1) % (seg - 1) or cfg.max_start % (seg - 1)):
+        raise ConfigError(f"with --segment-overlap, segments of {seg} frames start every {seg - 1}: --frames must "
+                          f"be 1 + a multiple of {seg - 1} and --max-start a multiple of it (e.g. --frames "
+                          f"{2 * seg - 1} --max-start {13 * (seg - 1)}); got {frames} and {cfg.max_start}.")
+    if seg and not cfg.segment_overlap and (frames % seg or cfg.max_start % seg):
+        raise ConfigError(f"--frames and --max-start must be whole numbers of segments of --segment-frames {seg} "
+                          f"(e.g. --frames {2 * seg} --max-start {12 * seg}); got {frames} and {cfg.max_start}.")
     if seg and cfg.rollout_prob:
-        problems.append("--rollout-prob does not support --segment-frames yet; leave one of them out.")
+        raise ConfigError("--rollout-prob does not support --segment-frames yet; leave one of them out.")
     if not seg and cfg.segment_overlap:
-        problems.append("--segment-overlap overlaps VAE segments: give --segment-frames too (e.g. 17).")
+        raise ConfigError("--segment-overlap overlaps VAE segments: give --segment-frames too (e.g. 17).")
     if not cfg.relink_loss and not cfg.segment_overlap:
-        problems.append("--relink-loss false leaves out the image latents the pipeline re-encodes between "
-                        "overlapping segments: give --segment-frames 17 --segment-overlap true too.")
+        raise ConfigError("--relink-loss false leaves out the image latents the pipeline re-encodes between "
+                          "overlapping segments: give --segment-frames 17 --segment-overlap true too.")
     if cfg.window_frames < chunk:
-        problems.append(f"--window-frames {cfg.window_frames} is smaller than a chunk (--chunk-frames {chunk}); the "
-                        "exported cache must hold at least one whole chunk.")
+        raise ConfigError(f"--window-frames {cfg.window_frames} is smaller than a chunk (--chunk-frames {chunk}); "
+                          "the exported cache must hold at least one whole chunk.")
     for name, does in (("context_noise", "noises the clean history of teacher forcing"),
                        ("rollout_prob", "gives teacher forcing a history the model rolled out itself")):
         if getattr(cfg, name) and not cfg.teacher_forcing:
-            problems.append(f"--{name.replace('_', '-')} {does}; keep --teacher-forcing true.")
+            raise ConfigError(f"--{name.replace('_', '-')} {does}; keep --teacher-forcing true.")
     if cfg.rollout_prob and frames < 12 * chunk + 1:
-        problems.append(f"--rollout-prob needs windows of at least 4 chunks (two real ones, one rolled out, one "
-                        f"after it): --frames {12 * chunk + 1} or more at --chunk-frames {chunk}; got {frames}.")
+        raise ConfigError(f"--rollout-prob needs windows of at least 4 chunks (two real ones, one rolled out, one "
+                          f"after it): --frames {12 * chunk + 1} or more at --chunk-frames {chunk}; got {frames}.")
     if not seg and (frames % 4 != 1 or (frames - 1) // 4 % chunk):
-        problems.append(f"--frames must be 1 + 4 * {chunk} * k (the VAE codes 4 frames per latent frame after the "
-                        f"first, and those split into chunks of --chunk-frames {chunk}); got {frames}.")
-    if problems:
-        raise ConfigError(problems[0])
+        raise ConfigError(f"--frames must be 1 + 4 * {chunk} * k (the VAE codes 4 frames per latent frame after "
+                          f"the first, and those split into chunks of --chunk-frames {chunk}); got {frames}.")
     KVCacheConfig(sink_frames=cfg.sink_frames, window_frames=cfg.window_frames)  # the export's cache checks itself
 
 
@@ -544,9 +542,8 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         if seg:  # a batch of windows from frame 0, or of later ones after the sink: the chunks differ
             idx, x0, state.frame_positions, step_ids = segment_batch(latents, sinks, starts, cfg, seg, ids, gen)
-            after_sink = len(step_ids) > len(ids)
-            skip = None if cfg.relink_loss or not cfg.segment_overlap else relinked_frames(len(step_ids), seg,
-                                                                                           after_sink)
+            after_sink = len(step_ids) > len(ids)  # a batch of later windows: the sink comes first
+            skip = None if cfg.relink_loss else relinked_frames(len(step_ids), seg, after_sink)
         else:
             idx = torch.randint(len(windows), (cfg.batch_size,), generator=gen)
             x0, step_ids, skip = latents[idx], ids, None
