@@ -73,17 +73,17 @@ def background_level(score: torch.Tensor, keep: float, threshold: float | None, 
     return float(score.median()) if floor and threshold is None and keep < 0.5 else 0.0
 
 
-def membership(score: torch.Tensor, keep: float, threshold: float | None, floor: bool = False) -> torch.Tensor:
+def membership(score: torch.Tensor, keep: float, threshold: float | None, base: float = 0.0) -> torch.Tensor:
     """Score over the entry level, ``[H', W']``: >= 1 enters the dynamic set. With a budget, the level is the
     ``ceil(keep * tokens)``-th largest score and those tokens are at least 1 (ties and a still frame included).
-    ``floor`` (a budget of under half the frame): measured from the frame's median score, ``(s - median) / (level -
-    median)``, so the frame's typical token is 0 and the hysteresis lets it go."""
+    ``base`` is :func:`background_level`: with ``floor`` (a budget of under half the frame) the frame's median
+    score, so ``(s - median) / (level - median)`` puts the frame's typical token at 0 and the hysteresis lets it
+    go."""
     if threshold is not None:
         return score / threshold
     flat = score.flatten()
     k = max(1, math.ceil(keep * flat.numel()))
     top = flat.topk(k)
-    base = background_level(score, keep, threshold, floor)
     u = (flat - base) / (top.values[-1] - base).clamp(min=1e-12)
     u[top.indices] = u[top.indices].clamp(min=1.0)
     return u.view_as(score)
@@ -142,8 +142,9 @@ class DynamicsTracker:
             return self._selected(scores)
         masks: list[torch.Tensor | None] = []
         for score in dilate(scores, self.dilate_size):
-            u = membership(score, self.keep, self.threshold, self.floor)
-            self.peak = float(score.max()) - background_level(score, self.keep, self.threshold, self.floor)
+            base = background_level(score, self.keep, self.threshold, self.floor)
+            u = membership(score, self.keep, self.threshold, base)
+            self.peak = float(score.max()) - base
             self.smooth = u if self.smooth is None else self.ema * self.smooth + (1 - self.ema) * u
             held = torch.ones_like(u, dtype=torch.bool) if self.dynamic is None else self.dynamic
             self.dynamic = (u >= 1) | (held & (self.smooth >= self.low))

@@ -202,6 +202,32 @@ def segment_partition(num_frames: int, segment_frames: int, chunk_frames: int,
     return sizes
 
 
+class SegmentChunks:
+    """The latents of the VAE segment under way, chunk by chunk, so that the next segment can start on its last
+    frame re-encoded (``segment_overlap``; :meth:`WanAutoregressivePipeline._relink`). A no-op without segments."""
+
+    def __init__(self, pipe: WanAutoregressivePipeline):
+        self.pipe = pipe
+        self.seg = segment_latent_frames(pipe.segment_frames) if pipe.segment_frames else 0
+        self.current: list[torch.Tensor] = []
+        self.previous: list[torch.Tensor] = []
+
+    def relinked(self, start: int, last_frame: Callable[[torch.Tensor], torch.Tensor] | None = None
+                 ) -> torch.Tensor | None:
+        """At the chunk starting at latent frame ``start``: a new segment moves the chunks so far to ``previous``;
+        where the chunk is that segment's re-encoded image latent, that latent (else None: the chunk is denoised)."""
+        if self.seg and start % self.seg == 0:
+            self.previous, self.current = self.current, []
+        if not self.pipe.relinks(start):
+            return None
+        return self.pipe._relink(torch.cat(self.previous, dim=2), last_frame)
+
+    def add(self, x: torch.Tensor) -> None:
+        """A finished chunk's clean latents."""
+        if self.seg:
+            self.current.append(x)
+
+
 def _prompt_schedule(prompt: str | list[tuple[int, str]], chunks: int) -> dict[int, str]:
     """``"..."`` or ``[(chunk, prompt), ...]`` starting at chunk 0 -> {chunk: prompt}."""
     if isinstance(prompt, str):
@@ -397,9 +423,7 @@ class WanAutoregressivePipeline(WanPipeline):
         h, w = height // self.vae_scale_factor_spatial, width // self.vae_scale_factor_spatial
         channels = self.transformer.config.in_channels
 
-        seg = segment_latent_frames(self.segment_frames) if self.segment_frames else None
-        segment: list[torch.Tensor] = []  # with VAE segments, the chunks of the segment under way
-
+        segments = SegmentChunks(self)
         state = make_causal(self.transformer, cache_config)
         hooks = tuple(self.chunk_hooks)
         committed: dict[int, torch.Tensor] = {}  # latents of the frames in the cache as committed, for re-caching
@@ -417,16 +441,11 @@ class WanAutoregressivePipeline(WanPipeline):
                     if c > 0:
                         self._recache(state, committed, chunk_of, embeds, st["context_noise"])
                 t0 = time.perf_counter()
-                previous = None
-                if seg and start % seg == 0:  # a new VAE segment
-                    previous, segment = segment, []
-                if self.relinks(start):  # its image latent: the last frame so far, not generated
-                    x = self._relink(torch.cat(previous, dim=2), last_frame)
-                else:
+                x = segments.relinked(start, last_frame)  # a later segment's image latent: the last frame so far
+                if x is None:
                     x = self._denoise(n, h, w, channels, device, generator, num_inference_steps, guidance_scale,
                                       embeds, state, start, callback_on_step_end)
-                if seg:
-                    segment.append(x)
+                segments.add(x)
                 t1 = time.perf_counter()
                 for hook in hooks:
                     hook.before_commit(x, start)

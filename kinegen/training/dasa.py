@@ -68,7 +68,7 @@ def rollout_losses(pipe, student_run, teacher, prompt: str, cfg, generator, rng:
     ``student_run`` (a :class:`~kinegen.dasa.run.DASARun`) driving it, ``teacher`` the dense copy. Returns the
     per-forward losses, already backpropagated into the student's gradients."""
     from ..pipelines.causal_wan import KVCacheConfig, make_causal
-    from ..pipelines.wan_ar import segment_latent_frames
+    from ..pipelines.wan_ar import SegmentChunks
 
     device = pipe._execution_device
     partition = pipe.check_frames(cfg.frames)  # the pipeline's own chunks (with VAE segments, segment by segment)
@@ -81,19 +81,15 @@ def rollout_losses(pipe, student_run, teacher, prompt: str, cfg, generator, rng:
     cache = KVCacheConfig(sink_frames=pipe.config.sink_frames, window_frames=pipe.config.window_frames)
     student_state = make_causal(pipe.transformer, cache)  # per rollout, as the pipeline does per call
     teacher_state = make_causal(teacher, cache)
-    seg = segment_latent_frames(pipe.segment_frames) if pipe.segment_frames else None
-    segment: list[torch.Tensor] = []  # with VAE segments, the chunks of the segment under way
+    segments = SegmentChunks(pipe)
     student_run.begin(pipe, student_state)
     try:
         start = 0
         for c, n in enumerate(partition):
             student_run.before_chunk(c, start, n, cfg.sample_steps, False)
-            previous = None
-            if seg and start % seg == 0:
-                previous, segment = segment, []
-            if pipe.relinks(start):  # the last frame shown, re-encoded, as the pipeline starts a segment: no loss
-                x = pipe._relink(torch.cat(previous, dim=2))
-                segment.append(x)
+            x = segments.relinked(start)  # the last frame shown, re-encoded, as the pipeline starts a segment
+            if x is not None:  # no loss on it
+                segments.add(x)
                 _commit(pipe, teacher, student_run, student_state, teacher_state, x, start, embeds, guidance,
                         generator)
                 start += n
@@ -122,8 +118,7 @@ def rollout_losses(pipe, student_run, teacher, prompt: str, cfg, generator, rng:
                     uncond, cond = pred.chunk(2)
                     pred = uncond + guidance * (cond - uncond)
                 x = pipe.scheduler.step(pred, t, x, return_dict=False)[0]
-            if seg:
-                segment.append(x)
+            segments.add(x)
             _commit(pipe, teacher, student_run, student_state, teacher_state, x, start, embeds, guidance, generator)
             start += n
     finally:
