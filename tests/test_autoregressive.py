@@ -552,9 +552,11 @@ def test_diffusion_forcing_trains_resumes_and_exports_a_causal_pipeline(tmp_path
     overlapped = tmp_path / "overlap"
     assert main(["train", "ar", "--run", str(overlapped), *args[4:], "--steps", "2", "--frames", "17",
                  "--segment-frames", "9", "--segment-overlap", "true", "--max-start", "32",
-                 "--object-weight", "4", "--relink-loss", "false"]) == 0
+                 "--object-weight", "4", "--relink-loss", "false", "--relink-recycle", "1",
+                 "--recycle-prob", "1"]) == 0
     # (--object-weight: the shapes' masks, rendered once, in the latents' layout: 2 segments of 3 latent frames;
-    # --relink-loss false: no loss on the second segment's image latent, which the export re-encodes.)
+    # --relink-loss false: no loss on the second segment's image latent, which the export re-encodes;
+    # --relink-recycle 1 with every step recycled: that latent remade from the recycled first segment.)
     from safetensors.torch import load_file
 
     masks = load_file(str(overlapped / "latents" / "masks.safetensors"))

@@ -215,6 +215,34 @@ def test_relinked_image_latents_carry_no_loss():
     assert _weighted_loss(pred, target, None, mask, 4.0, torch.tensor([False, True, False])) == pytest.approx(14 / 6)
 
 
+def test_recycled_history_reencodes_segment_starts_as_the_pipeline_does():
+    """`kinegen train ar --relink-recycle true`: a later segment's image latent in a recycled history is its previous
+    segment's last frame decoded and encoded again, exactly what the pipeline commits there (`_relink`), one
+    boundary after the other; the rest of the window, and an image latent whose segment before is not in the
+    window (the first after the sink), stay."""
+    import kinegen
+    from kinegen.training.ar import reencoded_boundaries
+
+    pipe = kinegen.load_pipeline("tiny-wan-ar")
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, pipe.transformer.config.in_channels, 11, 4, 4, generator=gen)  # sink + 2 segments of 5
+    out = reencoded_boundaries(pipe.vae, x, 5, after_sink=True)
+    changed = [f for f in range(11) if not torch.equal(out[:, :, f], x[:, :, f])]
+    assert changed == [6]
+    torch.testing.assert_close(out[:, :, 6:7], pipe._relink(x[:, :, 1:6]))
+    out = reencoded_boundaries(pipe.vae, x[:, :, 1:], 5, after_sink=False)  # a window from frame 0: 5 is the start
+    assert [f for f in range(10) if not torch.equal(out[:, :, f], x[:, :, 1 + f])] == [5]
+    three = torch.cat([x[:, :, 1:], x[:, :, 1:6]], dim=2)  # three segments: the third starts from the remade second
+    out = reencoded_boundaries(pipe.vae, three, 5, after_sink=False)
+    second = torch.cat([pipe._relink(three[:, :, :5]), three[:, :, 6:10]], dim=2)
+    torch.testing.assert_close(out[:, :, 10:11], pipe._relink(second))
+    assert not torch.allclose(out[:, :, 10:11], pipe._relink(three[:, :, 5:10]))
+    # --relink-recycle below 1: only the windows picked are remade
+    some = reencoded_boundaries(pipe.vae, x, 5, after_sink=True, rows=torch.tensor([1]))
+    assert torch.equal(some[0], x[0])
+    torch.testing.assert_close(some[1], reencoded_boundaries(pipe.vae, x, 5, after_sink=True)[1])
+
+
 def test_train_export_replaces_the_folder_whole(tmp_path):
     from kinegen.cli import main
     from kinegen.evaluation.adherence import load_classifier

@@ -102,6 +102,13 @@ def decode_video(pipe, latents: torch.Tensor, output_type: str = "np") -> Any:
     return pipe.video_processor.postprocess_video(video, output_type=output_type)
 
 
+def encode_shown_frame(vae, frame: torch.Tensor) -> torch.Tensor:
+    """A decoded frame ``[B, 3, 1, H, W]`` in [-1, 1] as the video file shows it (rounded to 8 bits), encoded alone
+    by ``vae``: the normalised image latent ``[B, C, 1, h, w]`` a later VAE segment starts on (``segment_overlap``)."""
+    shown = ((frame.clamp(-1, 1) + 1) * 127.5).round() / 127.5 - 1
+    return normalize_latents(vae, vae.encode(shown).latent_dist.mode()).float()
+
+
 class StreamingWanDecoder:
     """Wan's causal VAE decoder run chunk by chunk with its own feature cache, so decoding chunk after chunk gives
     exactly the frames one decode of the whole latent video gives (``AutoencoderKLWan._decode`` does the same loop
@@ -368,9 +375,7 @@ class WanAutoregressivePipeline(WanPipeline):
         (a whole segment's normalised latents) decoded as the video shows it and encoded again, alone.
         ``last_frame(segment)`` gives that decoded frame where the caller has it already (default: decode it)."""
         frame = last_frame(segment) if last_frame is not None else self._decode_segment(segment)[:, :, -1:]
-        last = ((frame.clamp(-1, 1) + 1) * 127.5).round() / 127.5 - 1  # 8-bit, as the file holds it
-        z = self.vae.encode(last).latent_dist.mode()
-        return normalize_latents(self.vae, z).float().to(segment.device)
+        return encode_shown_frame(self.vae, frame).to(segment.device)
 
     def _forward(self, latents, t, embeds, state, *, frame_offset: int, commit: bool):
         state.frame_offset, state.commit = frame_offset, commit

@@ -53,7 +53,10 @@ Two more things bring training closer to inference:
   the pipeline then re-encodes it (windows of 33 frames are two segments of 17). Such a later segment's image
   latent is never generated at inference (the pipeline re-encodes the frame shown); with ``relink_loss`` off it
   is history only, with no loss (:func:`relinked_frames`), so the one single-frame chunk the model is trained to
-  generate is the video's first.
+  generate is the video's first. With ``relink_recycle`` error recycling crosses those boundaries as the sampler
+  does: in that share of a recycled history's windows each later image latent is the previous segment's last
+  frame of the model's estimate, decoded, rounded to 8 bits and encoded again (:func:`reencoded_boundaries`), not
+  the real frame's (a share, because the decoding costs about as much as a training step for a whole batch).
 - **Noisy context** (``context_noise``, teacher forcing only): the clean copy is noised to this level,
   ``(1 - s) x_0 + s e`` at timestep ``1000 s``, as the exported pipeline (whose ``context_noise`` it sets) commits
   chunks; the model learns to continue from history whose fine detail it cannot trust.
@@ -67,7 +70,9 @@ The text encoder stays frozen; an EMA of the transformer is exported as a ``WanA
 from __future__ import annotations
 
 import copy
+import functools
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +86,8 @@ from ..pipelines.causal_wan import KVCacheConfig, make_causal
 from ..pipelines.wan_ar import (
     chunk_partition,
     context_latents,
+    denormalize_latents,
+    encode_shown_frame,
     normalize_latents,
     segment_chunks,
     segment_latent_frames,
@@ -256,6 +263,25 @@ def relinked_frames(frames: int, segment_latents: int, after_sink: bool) -> torc
     return (j % segment_latents == 0) & ((j > 0) | (after_sink & (j == 0)))
 
 
+@torch.no_grad()
+def reencoded_boundaries(vae, x: torch.Tensor, segment_latents: int, after_sink: bool,
+                         rows: torch.Tensor | None = None) -> torch.Tensor:
+    """``x`` (normalised latents of :func:`segment_batch` windows) with each later segment's image latent whose
+    whole previous segment is in the window replaced, in order, by that segment's last frame decoded and encoded
+    again (:func:`~kinegen.pipelines.wan_ar.encode_shown_frame`), as the pipeline with ``segment_overlap`` starts
+    a segment from the frames it showed; in the windows ``rows`` (indices; None: all). With ``after_sink`` frame
+    0 is the sink and frame 1 an image latent whose segment before lies outside the window; it stays."""
+    out = x.clone()
+    rows = torch.arange(x.shape[0]) if rows is None else rows
+    if len(rows) == 0:
+        return out
+    for lo in range(int(after_sink) + segment_latents, x.shape[2], segment_latents):
+        before = out[rows, :, lo - segment_latents:lo]
+        frame = vae.decode(denormalize_latents(vae, before), return_dict=False)[0][:, :, -1:]
+        out[rows, :, lo:lo + 1] = encode_shown_frame(vae, frame).to(out)
+    return out
+
+
 def chunk_ids(latent_frames: int, chunk_frames: int, segment_latents: int = 0) -> torch.Tensor:
     """The chunk of each latent frame, as the pipeline splits them: ``[0, 1, 1, 2, 2, ...]``; with VAE segments
     of ``segment_latents`` latent frames, segment by segment (``[0, 1, 1, 2, 2, 3, 4, 4, 5, 5]`` for two of 5)."""
@@ -320,7 +346,8 @@ def _weighted_loss(pred, target, w, mask, object_weight: float, skip) -> torch.T
 
 def teacher_forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, gen: torch.Generator,
                          history: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                         skip: torch.Tensor | None = None) -> torch.Tensor:
+                         skip: torch.Tensor | None = None,
+                         relink: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """Teacher forcing in one forward, as the sampler runs: the clean window followed by a noisy copy (every chunk
     its own level); a noisy chunk sees the clean chunks before it and itself, a clean chunk the clean chunks up to
     its own (:func:`kinegen.pipelines.causal_wan.teacher_forcing_mask`), so every chunk is trained in the setting of
@@ -328,7 +355,8 @@ def teacher_forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, 
     where given (a window with chunks the model rolled out, :func:`rollout`), else with ``recycle_prob`` the
     model's own one-step estimate of the window (error recycling), else the window itself; the targets are always
     the window's, latent pixels in ``mask`` ``[B, 1, F, h, w]`` weighted ``1 + object_weight``, latent frames in
-    ``skip`` ``[F]`` with none."""
+    ``skip`` ``[F]`` with none. ``relink`` (:func:`reencoded_boundaries`) remakes a recycled history's later
+    segment image latents from its own frames."""
     b, f, chunks, tokens = x0.shape[0], x0.shape[2], int(ids.max()) + 1, _tokens(transformer, x0)
     noise = torch.randn(x0.shape, generator=gen)
     sig = _sigmas(b * chunks, cfg.flow_shift, gen).view(b, chunks)
@@ -339,6 +367,8 @@ def teacher_forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, 
         with torch.no_grad():
             state.chunk_ids, state.teacher_forcing = ids, False
             context = one_step_estimate(transformer, x0, sig_back, noise.flip(0), ids, tokens, text)  # other noise
+            if relink is not None:
+                context = relink(context)
     _, xt, timestep = noised(x0, sig, noise, ids, tokens)
     level = torch.full((b, chunks), cfg.context_noise)
     if cfg.context_noise:  # committed as the exported pipeline commits: (1 - s) x_0 + s e at timestep 1000 s
@@ -475,6 +505,10 @@ def check_config(cfg: ARTrainConfig) -> None:
         raise ConfigError("--rollout-prob does not support --segment-frames yet; leave one of them out.")
     if not seg and cfg.segment_overlap:
         raise ConfigError("--segment-overlap overlaps VAE segments: give --segment-frames too (e.g. 17).")
+    if cfg.relink_recycle and not (cfg.segment_overlap and cfg.teacher_forcing and cfg.recycle_prob > 0):
+        raise ConfigError("--relink-recycle re-encodes the segment starts of a recycled history: it needs "
+                          "--segment-overlap true, --teacher-forcing true and --recycle-prob above 0; got "
+                          f"{cfg.segment_overlap}, {cfg.teacher_forcing} and {cfg.recycle_prob}.")
     if not cfg.relink_loss and not cfg.segment_overlap:
         raise ConfigError("--relink-loss false leaves out the image latents the pipeline re-encodes between "
                           "overlapping segments: give --segment-frames 17 --segment-overlap true too.")
@@ -544,9 +578,14 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
             idx, x0, state.frame_positions, step_ids = segment_batch(latents, sinks, starts, cfg, seg, ids, gen)
             after_sink = len(step_ids) > len(ids)  # a batch of later windows: the sink comes first
             skip = None if cfg.relink_loss else relinked_frames(len(step_ids), seg, after_sink)
+            relink = None
+            if cfg.relink_recycle:  # its own generator: the step's noise stays what it is without the flag
+                pick = torch.rand(x0.shape[0], generator=torch.Generator().manual_seed(step)) < cfg.relink_recycle
+                relink = functools.partial(reencoded_boundaries, vae, segment_latents=seg, after_sink=after_sink,
+                                           rows=torch.nonzero(pick)[:, 0])
         else:
             idx = torch.randint(len(windows), (cfg.batch_size,), generator=gen)
-            x0, step_ids, skip = latents[idx], ids, None
+            x0, step_ids, skip, relink = latents[idx], ids, None, None
             if sinks is not None:
                 x0, state.frame_positions = cache_layout(x0, sinks[idx], starts[idx])
             else:
@@ -563,7 +602,7 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
                 history = rolled_out(transformer, state, cross, tokenizer, text_encoder, x0, captions, ids, cfg,
                                      scheduler, gen)
             loss = teacher_forcing_loss(transformer, state, x0, text, step_ids, cfg, gen, history=history, mask=mask,
-                                        skip=skip)
+                                        skip=skip, relink=relink)
         else:
             loss = forcing_loss(transformer, state, x0, text, step_ids, cfg, gen, mask=mask, skip=skip)
         opt.zero_grad(set_to_none=True)
