@@ -557,6 +557,10 @@ def test_diffusion_forcing_trains_resumes_and_exports_a_causal_pipeline(tmp_path
     # (--object-weight: the shapes' masks, rendered once, in the latents' layout: 2 segments of 3 latent frames;
     # --relink-loss false: no loss on the second segment's image latent, which the export re-encodes;
     # --relink-recycle 1 with every step recycled: that latent remade from the recycled first segment.)
+    weighted = tmp_path / "relink-weight"  # the loss on that latent weighted instead (a step is enough to run it)
+    assert main(["train", "ar", "--run", str(weighted), *args[4:], "--steps", "1", "--frames", "17",
+                 "--segment-frames", "9", "--segment-overlap", "true", "--max-start", "32",
+                 "--relink-weight", "3"]) == 0
     from safetensors.torch import load_file
 
     masks = load_file(str(overlapped / "latents" / "masks.safetensors"))

@@ -298,6 +298,8 @@ def test_calibrate_rejects_bad_input_before_loading(prompt_files, capsys, prompt
     (["ar", "--sink-frames", "9"], "window_frames (9) must be larger than sink_frames"),
     (["ar", "--relink-recycle", "0.5"], "--relink-recycle re-encodes the segment starts of a recycled history: it"),
     (["ar", "--relink-recycle", "2"], "--relink-recycle must be 0 to 1; got 2.0."),
+    (["ar", "--relink-weight", "4"], "--relink-weight weights the loss on the image latents the pipeline re-encodes"),
+    (["ar", "--relink-weight", "-1"], "--relink-weight must be at least 0; got -1.0."),
     (["vae", "--lr", "nan"], "--lr must be at least 0; got nan."),
     (["vae", "--crop", "100"], "--crop must be 8 to 64; got 100."),
     (["vae", "--decoder-only", "true"], "--decoder-only fine-tunes a trained VAE's decoder: pass --init VAE_FOLDER."),

@@ -210,9 +210,12 @@ def test_relinked_image_latents_carry_no_loss():
     pred = torch.zeros(1, 1, 3, 1, 1)
     target = torch.tensor([1.0, 2.0, 3.0]).view(1, 1, 3, 1, 1)
     assert _weighted_loss(pred, target, None, None, 0.0, None) == pytest.approx(14 / 3)
-    assert _weighted_loss(pred, target, None, None, 0.0, torch.tensor([False, True, False])) == pytest.approx(5)
+    skip = torch.tensor([1.0, 0.0, 1.0])  # the relinked frame 1 without loss (--relink-loss false)
+    assert _weighted_loss(pred, target, None, None, 0.0, skip) == pytest.approx(5)
     mask = torch.tensor([1.0, 0.0, 0.0]).view(1, 1, 3, 1, 1)  # object weight 4 on frame 0: weights 5, 0, 1
-    assert _weighted_loss(pred, target, None, mask, 4.0, torch.tensor([False, True, False])) == pytest.approx(14 / 6)
+    assert _weighted_loss(pred, target, None, mask, 4.0, skip) == pytest.approx(14 / 6)
+    # --relink-weight 3: frame 1 counts 3 times (1 + 3 * 4 + 9) / 5
+    assert _weighted_loss(pred, target, None, None, 0.0, torch.tensor([1.0, 3.0, 1.0])) == pytest.approx(22 / 5)
 
 
 def test_recycled_history_reencodes_segment_starts_as_the_pipeline_does():

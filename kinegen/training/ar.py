@@ -53,10 +53,11 @@ Two more things bring training closer to inference:
   the pipeline then re-encodes it (windows of 33 frames are two segments of 17). Such a later segment's image
   latent is never generated at inference (the pipeline re-encodes the frame shown); with ``relink_loss`` off it
   is history only, with no loss (:func:`relinked_frames`), so the one single-frame chunk the model is trained to
-  generate is the video's first. With ``relink_recycle`` error recycling crosses those boundaries as the sampler
-  does: in that share of a recycled history's windows each later image latent is the previous segment's last
-  frame of the model's estimate, decoded, rounded to 8 bits and encoded again (:func:`reencoded_boundaries`), not
-  the real frame's (a share, because the decoding costs about as much as a training step for a whole batch).
+  generate is the video's first; ``relink_weight`` weights that loss instead. With ``relink_recycle`` error
+  recycling crosses those boundaries as the sampler does: in that share of a recycled history's windows each
+  later image latent is the previous segment's last frame of the model's estimate, decoded, rounded to 8 bits and
+  encoded again (:func:`reencoded_boundaries`), not the real frame's (a share, because the decoding costs about
+  as much as a training step for a whole batch).
 - **Noisy context** (``context_noise``, teacher forcing only): the clean copy is noised to this level,
   ``(1 - s) x_0 + s e`` at timestep ``1000 s``, as the exported pipeline (whose ``context_noise`` it sets) commits
   chunks; the model learns to continue from history whose fine detail it cannot trust.
@@ -311,10 +312,10 @@ def noised(x0, level, noise, ids, tokens) -> tuple[torch.Tensor, torch.Tensor, t
 
 
 def forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, gen: torch.Generator,
-                 mask: torch.Tensor | None = None, skip: torch.Tensor | None = None) -> torch.Tensor:
+                 mask: torch.Tensor | None = None, frame_weight: torch.Tensor | None = None) -> torch.Tensor:
     """Diffusion forcing: every chunk its own noise level (some clean), one block-causal forward, the flow loss on
-    the noisy chunks (latent pixels in ``mask`` ``[B, 1, F, h, w]`` weighted ``1 + object_weight``; latent frames
-    in ``skip`` ``[F]`` none)."""
+    the noisy chunks (latent pixels in ``mask`` ``[B, 1, F, h, w]`` weighted ``1 + object_weight``; latent frame
+    ``f`` times ``frame_weight[f]``)."""
     b, chunks, tokens = x0.shape[0], int(ids.max()) + 1, _tokens(transformer, x0)
     noise = torch.randn(x0.shape, generator=gen)
     sig = forcing_sigmas(b, chunks, cfg.flow_shift, cfg.clean_prob, gen)
@@ -329,24 +330,24 @@ def forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, gen: tor
     # Clean chunks are context only: at s = 0 the velocity e - x_0 names noise the input does not contain.
     w = (s > 0).float().expand_as(x0)
     # (Where x0 was recycled it differs from the real latents only on clean chunks, which carry no loss.)
-    return _weighted_loss(pred, noise - x0, w, mask, cfg.object_weight, skip)
+    return _weighted_loss(pred, noise - x0, w, mask, cfg.object_weight, frame_weight)
 
 
-def _weighted_loss(pred, target, w, mask, object_weight: float, skip) -> torch.Tensor:
+def _weighted_loss(pred, target, w, mask, object_weight: float, frame_weight) -> torch.Tensor:
     """Mean squared error under weights ``w`` (broadcast to ``pred``; None: 1), times ``1 + object_weight`` on
-    latent pixels in ``mask`` and 0 on latent frames in ``skip`` ``[F]``."""
+    latent pixels in ``mask`` and times ``frame_weight`` ``[F]`` (None: 1) on each latent frame."""
     w = torch.ones_like(pred[:1, :1]) if w is None else w
     if mask is not None:
         w = w * (1 + object_weight * mask)
-    if skip is not None:
-        w = w * (~skip).to(pred).view(1, 1, -1, 1, 1)
+    if frame_weight is not None:
+        w = w * frame_weight.to(pred).view(1, 1, -1, 1, 1)
     w = w.expand_as(pred)
     return ((pred - target).square() * w).sum() / w.sum().clamp(min=1)
 
 
 def teacher_forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, gen: torch.Generator,
                          history: torch.Tensor | None = None, mask: torch.Tensor | None = None,
-                         skip: torch.Tensor | None = None,
+                         frame_weight: torch.Tensor | None = None,
                          relink: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """Teacher forcing in one forward, as the sampler runs: the clean window followed by a noisy copy (every chunk
     its own level); a noisy chunk sees the clean chunks before it and itself, a clean chunk the clean chunks up to
@@ -355,7 +356,7 @@ def teacher_forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, 
     where given (a window with chunks the model rolled out, :func:`rollout`), else with ``recycle_prob`` the
     model's own one-step estimate of the window (error recycling), else the window itself; the targets are always
     the window's, latent pixels in ``mask`` ``[B, 1, F, h, w]`` weighted ``1 + object_weight``, latent frames in
-    ``skip`` ``[F]`` with none. ``relink`` (:func:`reencoded_boundaries`) remakes a recycled history's later
+    ``f`` times ``frame_weight[f]``. ``relink`` (:func:`reencoded_boundaries`) remakes a recycled history's later
     segment image latents from its own frames."""
     b, f, chunks, tokens = x0.shape[0], x0.shape[2], int(ids.max()) + 1, _tokens(transformer, x0)
     noise = torch.randn(x0.shape, generator=gen)
@@ -383,7 +384,7 @@ def teacher_forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, 
                            return_dict=False)[0][:, :, f:]
     finally:
         state.frame_positions, state.teacher_forcing = positions, False
-    return _weighted_loss(pred, noise - x0, None, mask, cfg.object_weight, skip)
+    return _weighted_loss(pred, noise - x0, None, mask, cfg.object_weight, frame_weight)
 
 
 def one_step_estimate(transformer, x0, level, noise, ids, tokens, text) -> torch.Tensor:
@@ -509,6 +510,10 @@ def check_config(cfg: ARTrainConfig) -> None:
         raise ConfigError("--relink-recycle re-encodes the segment starts of a recycled history: it needs "
                           "--segment-overlap true, --teacher-forcing true and --recycle-prob above 0; got "
                           f"{cfg.segment_overlap}, {cfg.teacher_forcing} and {cfg.recycle_prob}.")
+    if cfg.relink_weight != 1 and not (cfg.segment_overlap and cfg.relink_loss):
+        raise ConfigError("--relink-weight weights the loss on the image latents the pipeline re-encodes between "
+                          "overlapping segments: give --segment-frames 17 --segment-overlap true, and not "
+                          f"--relink-loss false; got --relink-weight {cfg.relink_weight}.")
     if not cfg.relink_loss and not cfg.segment_overlap:
         raise ConfigError("--relink-loss false leaves out the image latents the pipeline re-encodes between "
                           "overlapping segments: give --segment-frames 17 --segment-overlap true too.")
@@ -577,7 +582,10 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
         if seg:  # a batch of windows from frame 0, or of later ones after the sink: the chunks differ
             idx, x0, state.frame_positions, step_ids = segment_batch(latents, sinks, starts, cfg, seg, ids, gen)
             after_sink = len(step_ids) > len(ids)  # a batch of later windows: the sink comes first
-            skip = None if cfg.relink_loss else relinked_frames(len(step_ids), seg, after_sink)
+            frame_weight = None  # the loss on the image latents the pipeline re-encodes: relink_weight, or none
+            if cfg.segment_overlap and (not cfg.relink_loss or cfg.relink_weight != 1):
+                relinked = relinked_frames(len(step_ids), seg, after_sink)
+                frame_weight = torch.where(relinked, cfg.relink_weight * cfg.relink_loss, 1.0)
             relink = None
             if cfg.relink_recycle:  # its own generator: the step's noise stays what it is without the flag
                 pick = torch.rand(x0.shape[0], generator=torch.Generator().manual_seed(step)) < cfg.relink_recycle
@@ -585,7 +593,7 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
                                            rows=torch.nonzero(pick)[:, 0])
         else:
             idx = torch.randint(len(windows), (cfg.batch_size,), generator=gen)
-            x0, step_ids, skip, relink = latents[idx], ids, None, None
+            x0, step_ids, frame_weight, relink = latents[idx], ids, None, None
             if sinks is not None:
                 x0, state.frame_positions = cache_layout(x0, sinks[idx], starts[idx])
             else:
@@ -602,9 +610,10 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
                 history = rolled_out(transformer, state, cross, tokenizer, text_encoder, x0, captions, ids, cfg,
                                      scheduler, gen)
             loss = teacher_forcing_loss(transformer, state, x0, text, step_ids, cfg, gen, history=history, mask=mask,
-                                        skip=skip, relink=relink)
+                                        frame_weight=frame_weight, relink=relink)
         else:
-            loss = forcing_loss(transformer, state, x0, text, step_ids, cfg, gen, mask=mask, skip=skip)
+            loss = forcing_loss(transformer, state, x0, text, step_ids, cfg, gen, mask=mask,
+                                frame_weight=frame_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -64,6 +64,7 @@ class ARTrainConfig:
     segment_frames: int = 0  # video frames per VAE segment (4k + 1), each coded alone; 0: the window is one VAE clip
     segment_overlap: bool = False  # a later segment starts on the previous one's last frame (--frames 33 at 17)
     relink_loss: bool = True  # segment_overlap: later segments' image latents get a loss (the pipeline re-encodes them)
+    relink_weight: float = 1.0  # segment_overlap: the loss weight of later segments' image latents (with relink_loss)
     relink_recycle: float = 0.0  # share of recycled windows whose segment starts are re-encoded from them (0: none)
     teacher_forcing: bool = True  # each chunk denoised against the clean chunks before it, as the sampler runs
     clean_prob: float = 0.25  # without teacher forcing: share of chunks given no noise (clean history)
