@@ -585,7 +585,7 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
             frame_weight = None  # the loss on the image latents the pipeline re-encodes: relink_weight, or none
             if cfg.segment_overlap and (not cfg.relink_loss or cfg.relink_weight != 1):
                 relinked = relinked_frames(len(step_ids), seg, after_sink)
-                frame_weight = torch.where(relinked, cfg.relink_weight * cfg.relink_loss, 1.0)
+                frame_weight = torch.where(relinked, cfg.relink_weight if cfg.relink_loss else 0.0, 1.0)
             relink = None
             if cfg.relink_recycle:  # its own generator: the step's noise stays what it is without the flag
                 pick = torch.rand(x0.shape[0], generator=torch.Generator().manual_seed(step)) < cfg.relink_recycle
