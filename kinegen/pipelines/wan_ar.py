@@ -217,17 +217,17 @@ class SegmentChunks:
         self.pipe = pipe
         self.seg = segment_latent_frames(pipe.segment_frames) if pipe.segment_frames else 0
         self.current: list[torch.Tensor] = []
-        self.previous: list[torch.Tensor] = []
 
     def relinked(self, start: int, last_frame: Callable[[torch.Tensor], torch.Tensor] | None = None
                  ) -> torch.Tensor | None:
-        """At the chunk starting at latent frame ``start``: a new segment moves the chunks so far to ``previous``;
-        where the chunk is that segment's re-encoded image latent, that latent (else None: the chunk is denoised)."""
-        if self.seg and start % self.seg == 0:
-            self.previous, self.current = self.current, []
+        """At the chunk starting at latent frame ``start``: where a new segment starts, the segment so far is done;
+        where the chunk is the new one's re-encoded image latent, that latent (else None: the chunk is denoised)."""
+        if not (self.seg and start % self.seg == 0):
+            return None
+        previous, self.current = self.current, []
         if not self.pipe.relinks(start):
             return None
-        return self.pipe._relink(torch.cat(self.previous, dim=2), last_frame)
+        return self.pipe._relink(torch.cat(previous, dim=2), last_frame)
 
     def add(self, x: torch.Tensor) -> None:
         """A finished chunk's clean latents."""
