@@ -219,7 +219,7 @@ def test_relinked_image_latents_carry_no_loss():
 
 
 def test_recycled_history_reencodes_segment_starts_as_the_pipeline_does():
-    """`kinegen train ar --relink-recycle true`: a later segment's image latent in a recycled history is its previous
+    """`kinegen train ar --relink-recycle P`: a later segment's image latent in a recycled history is its previous
     segment's last frame decoded and encoded again, exactly what the pipeline commits there (`_relink`), one
     boundary after the other; the rest of the window, and an image latent whose segment before is not in the
     window (the first after the sink), stay."""

@@ -96,9 +96,14 @@ def normalize_latents(vae, latents: torch.Tensor) -> torch.Tensor:
     return (latents - mean) / std
 
 
+def decode_latents(vae, latents: torch.Tensor) -> torch.Tensor:
+    """Normalised latents ``[B, C, f, h, w]`` through diffusers' own ``vae.decode``: frames in [-1, 1]."""
+    return vae.decode(denormalize_latents(vae, latents), return_dict=False)[0]
+
+
 def decode_video(pipe, latents: torch.Tensor, output_type: str = "np") -> Any:
     """A whole normalised latent video through diffusers' own ``vae.decode`` and the pipeline's video processor."""
-    video = pipe.vae.decode(denormalize_latents(pipe.vae, latents), return_dict=False)[0]
+    video = decode_latents(pipe.vae, latents)
     return pipe.video_processor.postprocess_video(video, output_type=output_type)
 
 
@@ -354,7 +359,7 @@ class WanAutoregressivePipeline(WanPipeline):
 
     def _decode_segment(self, latents: torch.Tensor) -> torch.Tensor:
         """One VAE segment's normalised latents through ``vae.decode`` alone: frames in [-1, 1]."""
-        return self.vae.decode(denormalize_latents(self.vae, latents), return_dict=False)[0]
+        return decode_latents(self.vae, latents)
 
     def _decode_segments(self, latents: torch.Tensor, num_frames: int, output_type: str,
                          decoded: Sequence[torch.Tensor] = ()) -> Any:

@@ -87,7 +87,7 @@ from ..pipelines.causal_wan import KVCacheConfig, make_causal
 from ..pipelines.wan_ar import (
     chunk_partition,
     context_latents,
-    denormalize_latents,
+    decode_latents,
     encode_shown_frame,
     normalize_latents,
     segment_chunks,
@@ -278,7 +278,7 @@ def reencoded_boundaries(vae, x: torch.Tensor, segment_latents: int, after_sink:
         return out
     for lo in range(int(after_sink) + segment_latents, x.shape[2], segment_latents):
         before = out[rows, :, lo - segment_latents:lo]
-        frame = vae.decode(denormalize_latents(vae, before), return_dict=False)[0][:, :, -1:]
+        frame = decode_latents(vae, before)[:, :, -1:]
         out[rows, :, lo:lo + 1] = encode_shown_frame(vae, frame).to(out)
     return out
 
