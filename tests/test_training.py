@@ -202,20 +202,27 @@ def test_object_weighted_flow_loss():
 def test_relinked_image_latents_carry_no_loss():
     """`kinegen train ar --relink-loss false`: in windows of overlapping segments the image latents the pipeline
     re-encodes rather than generates (every segment's first latent frame but the video's first) get no loss."""
-    from kinegen.training.ar import _weighted_loss, relinked_frames
+    from kinegen.training.ar import _frame_weights, relinked_frames
+    from kinegen.training.common import object_weights, weighted_mse
 
     # a window from frame 0 (3 segments of 5 latent frames), and a later one after the sink (frame 0 of the batch)
     assert torch.nonzero(relinked_frames(15, 5, after_sink=False))[:, 0].tolist() == [5, 10]
     assert torch.nonzero(relinked_frames(16, 5, after_sink=True))[:, 0].tolist() == [1, 6, 11]
     pred = torch.zeros(1, 1, 3, 1, 1)
     target = torch.tensor([1.0, 2.0, 3.0]).view(1, 1, 3, 1, 1)
-    assert _weighted_loss(pred, target, None, None, 0.0, None) == pytest.approx(14 / 3)
+
+    def loss(mask, frame_weight):
+        return weighted_mse(pred, target, object_weights(mask, 4.0), _frame_weights(frame_weight, pred))
+
+    assert loss(None, None) == pytest.approx(14 / 3)
     skip = torch.tensor([1.0, 0.0, 1.0])  # the relinked frame 1 without loss (--relink-loss false)
-    assert _weighted_loss(pred, target, None, None, 0.0, skip) == pytest.approx(5)
+    assert loss(None, skip) == pytest.approx(5)
     mask = torch.tensor([1.0, 0.0, 0.0]).view(1, 1, 3, 1, 1)  # object weight 4 on frame 0: weights 5, 0, 1
-    assert _weighted_loss(pred, target, None, mask, 4.0, skip) == pytest.approx(14 / 6)
+    assert loss(mask, skip) == pytest.approx(14 / 6)
     # --relink-weight 3: frame 1 counts 3 times (1 + 3 * 4 + 9) / 5
-    assert _weighted_loss(pred, target, None, None, 0.0, torch.tensor([1.0, 3.0, 1.0])) == pytest.approx(22 / 5)
+    assert loss(None, torch.tensor([1.0, 3.0, 1.0])) == pytest.approx(22 / 5)
+    # every weight zero (a batch of clean chunks only): no loss, not a division by zero
+    assert loss(None, torch.zeros(3)) == 0
 
 
 def test_recycled_history_reencodes_segment_starts_as_the_pipeline_does():

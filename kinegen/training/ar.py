@@ -93,7 +93,7 @@ from ..pipelines.wan_ar import (
     segment_chunks,
     segment_latent_frames,
 )
-from .common import Progress, TimeBox, cosine_lr, load_checkpoint
+from .common import Progress, TimeBox, cosine_lr, load_checkpoint, object_weights, weighted_mse
 from .configs import ARTrainConfig
 from .t2v import (
     PaddedTextCrossAttention,
@@ -328,21 +328,15 @@ def forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, gen: tor
     s, xt, timestep = noised(x0, sig, noise, ids, tokens)  # clean chunks: x0 itself (or the model's estimate of it)
     pred = transformer(xt, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
     # Clean chunks are context only: at s = 0 the velocity e - x_0 names noise the input does not contain.
-    w = (s > 0).float().expand_as(x0)
+    noisy = (s > 0).float()
     # (Where x0 was recycled it differs from the real latents only on clean chunks, which carry no loss.)
-    return _weighted_loss(pred, noise - x0, w, mask, cfg.object_weight, frame_weight)
+    return weighted_mse(pred, noise - x0, noisy, object_weights(mask, cfg.object_weight),
+                        _frame_weights(frame_weight, pred))
 
 
-def _weighted_loss(pred, target, w, mask, object_weight: float, frame_weight) -> torch.Tensor:
-    """Mean squared error under weights ``w`` (broadcast to ``pred``; None: 1), times ``1 + object_weight`` on
-    latent pixels in ``mask`` and times ``frame_weight`` ``[F]`` (None: 1) on each latent frame."""
-    w = torch.ones_like(pred[:1, :1]) if w is None else w
-    if mask is not None:
-        w = w * (1 + object_weight * mask)
-    if frame_weight is not None:
-        w = w * frame_weight.to(pred).view(1, 1, -1, 1, 1)
-    w = w.expand_as(pred)
-    return ((pred - target).square() * w).sum() / w.sum().clamp(min=1)
+def _frame_weights(frame_weight: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+    """Per-latent-frame weights ``[F]`` shaped to broadcast over ``like`` ``[B, C, F, h, w]`` (None stays None)."""
+    return None if frame_weight is None else frame_weight.to(like).view(1, 1, -1, 1, 1)
 
 
 def teacher_forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, gen: torch.Generator,
@@ -384,7 +378,7 @@ def teacher_forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, 
                            return_dict=False)[0][:, :, f:]
     finally:
         state.frame_positions, state.teacher_forcing = positions, False
-    return _weighted_loss(pred, noise - x0, None, mask, cfg.object_weight, frame_weight)
+    return weighted_mse(pred, noise - x0, object_weights(mask, cfg.object_weight), _frame_weights(frame_weight, pred))
 
 
 def one_step_estimate(transformer, x0, level, noise, ids, tokens, text) -> torch.Tensor:
@@ -588,7 +582,8 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
                 frame_weight = torch.where(relinked, cfg.relink_weight if cfg.relink_loss else 0.0, 1.0)
             relink = None
             if cfg.relink_recycle:  # its own generator: the step's noise stays what it is without the flag
-                pick = torch.rand(x0.shape[0], generator=torch.Generator().manual_seed(step)) < cfg.relink_recycle
+                pick_gen = torch.Generator().manual_seed((cfg.seed << 32) + step)
+                pick = torch.rand(x0.shape[0], generator=pick_gen) < cfg.relink_recycle
                 relink = functools.partial(reencoded_boundaries, vae, segment_latents=seg, after_sink=after_sink,
                                            rows=torch.nonzero(pick)[:, 0])
         else:

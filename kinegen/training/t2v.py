@@ -41,7 +41,7 @@ from ..models.shapes_t2v import (
     build_tokenizer,
     build_transformer,
 )
-from .common import Progress, TimeBox, cosine_lr, load_checkpoint
+from .common import Progress, TimeBox, cosine_lr, load_checkpoint, object_weights, weighted_mse
 from .configs import T2VTrainConfig
 from .vae import to_tensor
 
@@ -231,23 +231,15 @@ def _sigmas(n: int, shift: float, gen: torch.Generator) -> torch.Tensor:
 
 def _flow_loss(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None, object_weight: float,
                first_frame_weight: float = 1.0):
-    """Weighted mean squared error: latent pixels covered by an object weighted ``1 + object_weight``,
-    latent frame 0 by ``first_frame_weight`` (normalised by the mean weight, so the scale stays).
-
-    Objects cover ~7% of a clip; unweighted, the flat background dominates the loss and the model
-    learns colour and motion long before it learns outlines. Latent frame 0 is the one the causal VAE
-    codes from the first frame alone, and its decode is 3.5-4x more sensitive to latent errors than the
-    others' (docs/bundled_model.md).
-    """
-    err = (pred - target).square()
-    if mask is None and first_frame_weight == 1:
-        return err.mean()
-    w = torch.ones_like(err[:1, :1]) if mask is None else 1 + object_weight * mask
+    """The flow loss under :func:`~kinegen.training.common.object_weights` and latent frame 0 weighted
+    ``first_frame_weight``. Latent frame 0 is the one the causal VAE codes from the first frame alone, and its
+    decode is 3.5-4x more sensitive to latent errors than the others' (docs/bundled_model.md)."""
+    frame = None
     if first_frame_weight != 1:
-        frame = torch.ones(err.shape[2], dtype=err.dtype, device=err.device)
+        frame = torch.ones(pred.shape[2], dtype=pred.dtype, device=pred.device)
         frame[0] = first_frame_weight
-        w = w * frame.view(1, 1, -1, 1, 1)
-    return (err * w).mean() / w.expand_as(err).mean()
+        frame = frame.view(1, 1, -1, 1, 1)
+    return weighted_mse(pred, target, object_weights(mask, object_weight), frame)
 
 
 def _rope_to_float32(transformer) -> None:
