@@ -202,8 +202,8 @@ def test_object_weighted_flow_loss():
 def test_relinked_image_latents_carry_no_loss():
     """`kinegen train ar --relink-loss false`: in windows of overlapping segments the image latents the pipeline
     re-encodes rather than generates (every segment's first latent frame but the video's first) get no loss."""
-    from kinegen.training.ar import _frame_weights, relinked_frames
-    from kinegen.training.common import object_weights, weighted_mse
+    from kinegen.training.ar import relinked_frames
+    from kinegen.training.common import frame_weights, object_weights, weighted_mse
 
     # a window from frame 0 (3 segments of 5 latent frames), and a later one after the sink (frame 0 of the batch)
     assert torch.nonzero(relinked_frames(15, 5, after_sink=False))[:, 0].tolist() == [5, 10]
@@ -212,7 +212,7 @@ def test_relinked_image_latents_carry_no_loss():
     target = torch.tensor([1.0, 2.0, 3.0]).view(1, 1, 3, 1, 1)
 
     def loss(mask, frame_weight):
-        return weighted_mse(pred, target, object_weights(mask, 4.0), _frame_weights(frame_weight, pred))
+        return weighted_mse(pred, target, object_weights(mask, 4.0), frame_weights(frame_weight, pred))
 
     assert loss(None, None) == pytest.approx(14 / 3)
     skip = torch.tensor([1.0, 0.0, 1.0])  # the relinked frame 1 without loss (--relink-loss false)

@@ -93,7 +93,7 @@ from ..pipelines.wan_ar import (
     segment_chunks,
     segment_latent_frames,
 )
-from .common import Progress, TimeBox, cosine_lr, load_checkpoint, object_weights, weighted_mse
+from .common import Progress, TimeBox, cosine_lr, frame_weights, load_checkpoint, object_weights, weighted_mse
 from .configs import ARTrainConfig
 from .t2v import (
     PaddedTextCrossAttention,
@@ -331,12 +331,7 @@ def forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, gen: tor
     noisy = (s > 0).float()
     # (Where x0 was recycled it differs from the real latents only on clean chunks, which carry no loss.)
     return weighted_mse(pred, noise - x0, noisy, object_weights(mask, cfg.object_weight),
-                        _frame_weights(frame_weight, pred))
-
-
-def _frame_weights(frame_weight: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
-    """Per-latent-frame weights ``[F]`` shaped to broadcast over ``like`` ``[B, C, F, h, w]`` (None stays None)."""
-    return None if frame_weight is None else frame_weight.to(like).view(1, 1, -1, 1, 1)
+                        frame_weights(frame_weight, pred))
 
 
 def teacher_forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, gen: torch.Generator,
@@ -378,7 +373,7 @@ def teacher_forcing_loss(transformer, state, x0, text, ids, cfg: ARTrainConfig, 
                            return_dict=False)[0][:, :, f:]
     finally:
         state.frame_positions, state.teacher_forcing = positions, False
-    return weighted_mse(pred, noise - x0, object_weights(mask, cfg.object_weight), _frame_weights(frame_weight, pred))
+    return weighted_mse(pred, noise - x0, object_weights(mask, cfg.object_weight), frame_weights(frame_weight, pred))
 
 
 def one_step_estimate(transformer, x0, level, noise, ids, tokens, text) -> torch.Tensor:

@@ -98,6 +98,11 @@ def weighted_mse(pred: torch.Tensor, target: torch.Tensor, *weights: torch.Tenso
     return ((pred - target).square() * w).sum() / w.sum().clamp(min=1e-12)
 
 
+def frame_weights(weights: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+    """Per-latent-frame weights ``[F]`` shaped to broadcast over ``like`` ``[B, C, F, h, w]`` (None stays None)."""
+    return None if weights is None else weights.to(like).view(1, 1, -1, 1, 1)
+
+
 def object_weights(mask: torch.Tensor | None, object_weight: float) -> torch.Tensor | None:
     """``1 + object_weight`` on the latent pixels a shape covers (``mask`` in [0, 1]), 1 elsewhere; None without
     a mask. Objects cover ~7% of a clip: unweighted, the flat background dominates the flow loss and a model

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from ..data.shapes import recaption, sample_clip
-from .common import Progress, TimeBox, cosine_lr, load_checkpoint
+from .common import Progress, TimeBox, cosine_lr, load_checkpoint, weighted_mse
 
 
 def _forward(transformer, state, latents, t, embeds, *, frame_offset: int, commit: bool) -> torch.Tensor:
@@ -58,8 +58,7 @@ def dynamic_weight_map(dynamic: torch.Tensor | None, patch: tuple[int, int], dyn
 def distillation_loss(student_v: torch.Tensor, teacher_v: torch.Tensor, sigma: float, weight: torch.Tensor):
     """``mean(w * |x0_s - x0_t|^2)`` with ``x0 = x_t - sigma v`` (the same x_t for both): ``sigma^2 mean(w |v_s -
     v_t|^2)``, normalised by the weights' mean so that ``dynamic_weight`` moves the balance, not the scale."""
-    w = weight.to(student_v).expand_as(student_v)
-    return sigma ** 2 * (w * (student_v.float() - teacher_v.float()) ** 2).sum() / w.sum()
+    return sigma ** 2 * weighted_mse(student_v.float(), teacher_v.float(), weight.to(student_v.device))
 
 
 @torch.no_grad()

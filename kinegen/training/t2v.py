@@ -41,7 +41,7 @@ from ..models.shapes_t2v import (
     build_tokenizer,
     build_transformer,
 )
-from .common import Progress, TimeBox, cosine_lr, load_checkpoint, object_weights, weighted_mse
+from .common import Progress, TimeBox, cosine_lr, frame_weights, load_checkpoint, object_weights, weighted_mse
 from .configs import T2VTrainConfig
 from .vae import to_tensor
 
@@ -236,10 +236,9 @@ def _flow_loss(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | No
     decode is 3.5-4x more sensitive to latent errors than the others' (docs/bundled_model.md)."""
     frame = None
     if first_frame_weight != 1:
-        frame = torch.ones(pred.shape[2], dtype=pred.dtype, device=pred.device)
+        frame = torch.ones(pred.shape[2])
         frame[0] = first_frame_weight
-        frame = frame.view(1, 1, -1, 1, 1)
-    return weighted_mse(pred, target, object_weights(mask, object_weight), frame)
+    return weighted_mse(pred, target, object_weights(mask, object_weight), frame_weights(frame, pred))
 
 
 def _rope_to_float32(transformer) -> None:
