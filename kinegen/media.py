@@ -19,6 +19,13 @@ import numpy as np
 
 from .errors import DiskFullError, InvalidRequestError
 
+# imageio-ffmpeg starts ffmpeg with ``preexec_fn=os.setpgrp`` (so that Ctrl+C does not reach it) unless this is
+# set. A ``preexec_fn`` runs Python in the forked child, which can deadlock when other threads hold locks at the
+# fork: the web app writes videos from a worker thread beside uvicorn's, and a generation hung there for good
+# (imageio-ffmpeg issue #58). Without it the child only execs. An interrupted write still leaves nothing behind:
+# every writer here renders to a temporary file. A value the user set is kept.
+os.environ.setdefault("IMAGEIO_FFMPEG_NO_PREVENT_SIGINT", "1")
+
 VIDEO_EXTENSIONS = (".mp4",)
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp")
 

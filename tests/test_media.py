@@ -22,6 +22,25 @@ def test_odd_sizes_are_padded_to_even(tmp_path):
     assert video.shape == (3, 16, 18, 3)
 
 
+def test_ffmpeg_is_started_without_python_in_the_forked_child(tmp_path, monkeypatch):
+    """A ``preexec_fn`` runs Python between fork and exec, which can deadlock in a threaded server (the web app
+    writes from a worker thread); the writer must start ffmpeg without one."""
+    import subprocess
+
+    import imageio_ffmpeg._io
+
+    seen = []
+
+    class Recording(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            seen.append(kwargs.get("preexec_fn"))
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(imageio_ffmpeg._io.subprocess, "Popen", Recording)
+    assert read_video(write_video(tmp_path / "v.mp4", np.zeros((2, 16, 16, 3), np.float32))).shape[0] == 2
+    assert seen == [None]
+
+
 def test_atomic_write_leaves_nothing_on_failure(tmp_path):
     with pytest.raises(RuntimeError):
         with atomic_path(tmp_path / "x.png") as tmp:
