@@ -572,9 +572,9 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
             idx, x0, state.frame_positions, step_ids = segment_batch(latents, sinks, starts, cfg, seg, ids, gen)
             after_sink = len(step_ids) > len(ids)  # a batch of later windows: the sink comes first
             frame_weight = None  # the loss on the image latents the pipeline re-encodes: relink_weight, or none
-            if cfg.segment_overlap and (not cfg.relink_loss or cfg.relink_weight != 1):
-                relinked = relinked_frames(len(step_ids), seg, after_sink)
-                frame_weight = torch.where(relinked, cfg.relink_weight if cfg.relink_loss else 0.0, 1.0)
+            relink_weight = cfg.relink_weight if cfg.relink_loss else 0.0
+            if cfg.segment_overlap and relink_weight != 1:
+                frame_weight = torch.where(relinked_frames(len(step_ids), seg, after_sink), relink_weight, 1.0)
             relink = None
             if cfg.relink_recycle:  # its own generator: the step's noise stays what it is without the flag
                 pick_gen = torch.Generator().manual_seed((cfg.seed << 32) + step)
