@@ -561,6 +561,10 @@ def test_diffusion_forcing_trains_resumes_and_exports_a_causal_pipeline(tmp_path
     assert main(["train", "ar", "--run", str(weighted), *args[4:], "--steps", "1", "--frames", "17",
                  "--segment-frames", "9", "--segment-overlap", "true", "--max-start", "32",
                  "--relink-weight", "3"]) == 0
+    later = tmp_path / "later-history"  # every batch of later windows, their first segment history only
+    assert main(["train", "ar", "--run", str(later), *args[4:], "--steps", "1", "--frames", "17",
+                 "--segment-frames", "9", "--segment-overlap", "true", "--max-start", "32",
+                 "--later-share", "1", "--later-history-segments", "1"]) == 0
     from safetensors.torch import load_file
 
     masks = load_file(str(overlapped / "latents" / "masks.safetensors"))

@@ -225,6 +225,17 @@ def test_relinked_image_latents_carry_no_loss():
     assert loss(None, torch.zeros(3)) == 0
 
 
+def test_later_windows_first_segments_are_history_only():
+    """`kinegen train ar --later-history-segments N`: in a batch of later windows (the sink first, then segments of
+    5 latent frames) the window's first N segments carry no loss; the sink and the frames after them are untouched."""
+    from kinegen.training.ar import history_only_frames
+
+    assert torch.nonzero(history_only_frames(16, 5, 1, after_sink=True))[:, 0].tolist() == [1, 2, 3, 4, 5]
+    assert torch.nonzero(history_only_frames(16, 5, 2, after_sink=True))[:, 0].tolist() == list(range(1, 11))
+    assert torch.nonzero(history_only_frames(15, 5, 1, after_sink=False))[:, 0].tolist() == [0, 1, 2, 3, 4]
+    assert not history_only_frames(16, 5, 0, after_sink=True).any()
+
+
 def test_recycled_history_reencodes_segment_starts_as_the_pipeline_does():
     """`kinegen train ar --relink-recycle P`: a later segment's image latent in a recycled history is its previous
     segment's last frame decoded and encoded again, exactly what the pipeline commits there (`_relink`), one

@@ -91,6 +91,7 @@ _RANGES = {"seed": (0, None), "crop": (8, 64), "size": (8, None), "resolution": 
            "sink_frames": (0, None), "max_start": (0, None), "segment_frames": (0, None),
            "recycle_prob": (0, 1), "recycle_sigma": (0, 1), "relink_recycle": (0, 1), "context_noise": (0, 0.99),
            "rollout_prob": (0, 1), "relink_weight": (0, None),
+           "later_history_segments": (0, None), "later_share": (0, 1),
            "describe_share": (0, 1), "both_weight": (0, None),
            "eval_every": (0, None), "eval_images": (24, None), "class_weight": (0, None),
            "g_class_share": (0, None),

@@ -57,7 +57,11 @@ Two more things bring training closer to inference:
   recycling crosses those boundaries as the sampler does: in that share of a recycled history's windows each
   later image latent is the previous segment's last frame of the model's estimate, decoded, rounded to 8 bits and
   encoded again (:func:`reencoded_boundaries`), not the real frame's (a share, because the decoding costs about
-  as much as a training step for a whole batch).
+  as much as a training step for a whole batch). With ``later_history_segments`` a later window's first
+  segments are history only (:func:`history_only_frames`): every segment it trains then follows one in the cache,
+  as at inference, instead of the sink alone; ``later_share`` sets how often a batch is of later windows (each
+  later start is otherwise about 4% of the windows, against half from frame 0, while most of a long video is
+  generated after frame 48).
 - **Noisy context** (``context_noise``, teacher forcing only): the clean copy is noised to this level,
   ``(1 - s) x_0 + s e`` at timestep ``1000 s``, as the exported pipeline (whose ``context_noise`` it sets) commits
   chunks; the model learns to continue from history whose fine detail it cannot trust.
@@ -240,9 +244,11 @@ def segment_batch(latents, sinks, starts, cfg: ARTrainConfig, segment_latents: i
     """``(idx, x0, positions, ids)`` of a batch of windows coded in VAE segments: all from frame 0 or, as often as
     the data has them, all from later segments. A later window keeps every latent frame (its first is its segment's
     image latent, which the cache holds at inference) at its position in the video, after the sink at position 0
-    (with ``sinks``): one chunk more than a window from frame 0, hence one kind per batch."""
+    (with ``sinks``): one chunk more than a window from frame 0, hence one kind per batch. ``later_share``: how
+    often a batch is of later windows (default: their share of the data, about ``offset_prob``)."""
     later = starts > 0
-    use_later = bool(torch.rand((), generator=gen) < later.float().mean())
+    share = later.float().mean() if cfg.later_share is None else cfg.later_share
+    use_later = bool(torch.rand((), generator=gen) < share)
     pool = torch.nonzero(later == use_later)[:, 0]
     idx = pool[torch.randint(len(pool), (cfg.batch_size,), generator=gen)]
     x0 = latents[idx]
@@ -262,6 +268,17 @@ def relinked_frames(frames: int, segment_latents: int, after_sink: bool) -> torc
     window's own first latent frame, frame 1, is a later segment's)."""
     j = torch.arange(frames) - int(after_sink)  # latent frame within the window (-1: the sink)
     return (j % segment_latents == 0) & ((j > 0) | (after_sink & (j == 0)))
+
+
+def history_only_frames(frames: int, segment_latents: int, segments: int, after_sink: bool) -> torch.Tensor:
+    """Bool ``[frames]``: the latent frames of a batch of later windows (:func:`segment_batch`; with
+    ``after_sink`` the sink first) that are history only with ``later_history_segments``: the window's first
+    ``segments`` segments. Each segment
+    trained after them then has the segment before it in its history, as every segment after the first has at
+    inference; without them a later window's first segment is trained after the sink alone, a history the
+    rolling cache never holds there (benchmarks/autoregressive.md, "The real video as history")."""
+    j = torch.arange(frames) - int(after_sink)  # latent frame within the window (-1: the sink)
+    return (j >= 0) & (j < segments * segment_latents)
 
 
 @torch.no_grad()
@@ -491,6 +508,15 @@ def check_config(cfg: ARTrainConfig) -> None:
     if seg and not cfg.segment_overlap and (frames % seg or cfg.max_start % seg):
         raise ConfigError(f"--frames and --max-start must be whole numbers of segments of --segment-frames {seg} "
                           f"(e.g. --frames {2 * seg} --max-start {12 * seg}); got {frames} and {cfg.max_start}.")
+    if (cfg.later_history_segments or cfg.later_share is not None) and not (seg and cfg.offset_prob > 0):
+        raise ConfigError("--later-history-segments and --later-share are about batches of windows that start later "
+                          "in the video, in VAE segments: give --segment-frames 17 and --offset-prob above 0; got "
+                          f"--segment-frames {seg} and --offset-prob {cfg.offset_prob}.")
+    if seg and cfg.later_history_segments:
+        per_window = (frames - 1) // (seg - 1) if cfg.segment_overlap else frames // seg
+        if cfg.later_history_segments >= per_window:
+            raise ConfigError(f"--later-history-segments must leave a segment of the window to train: below "
+                              f"{per_window} (the segments of --frames {frames}); got {cfg.later_history_segments}.")
     if seg and cfg.rollout_prob:
         raise ConfigError("--rollout-prob does not support --segment-frames yet; leave one of them out.")
     if not seg and cfg.segment_overlap:
@@ -575,6 +601,10 @@ def train_ar(run_dir: str | Path, cfg: ARTrainConfig) -> Path:
             relink_weight = cfg.relink_weight if cfg.relink_loss else 0.0
             if cfg.segment_overlap and relink_weight != 1:
                 frame_weight = torch.where(relinked_frames(len(step_ids), seg, after_sink), relink_weight, 1.0)
+            if cfg.later_history_segments and bool(starts[idx[0]] > 0):  # a later window's first segments:
+                weight = 1.0 if frame_weight is None else frame_weight      # history only, no loss
+                history = history_only_frames(len(step_ids), seg, cfg.later_history_segments, after_sink)
+                frame_weight = torch.where(history, 0.0, weight)
             relink = None
             if cfg.relink_recycle:  # its own generator: the step's noise stays what it is without the flag
                 pick_gen = torch.Generator().manual_seed((cfg.seed << 32) + step)
