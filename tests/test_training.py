@@ -236,6 +236,22 @@ def test_later_windows_first_segments_are_history_only():
     assert not history_only_frames(16, 5, 0, after_sink=True).any()
 
 
+def test_later_share_refuses_a_dataset_without_such_windows():
+    """`--later-share` asking for batches of later windows from data that has none says what to change."""
+    from kinegen.errors import ConfigError
+    from kinegen.training.ar import segment_batch
+    from kinegen.training.configs import ARTrainConfig
+
+    cfg = ARTrainConfig(frames=49, segment_frames=17, segment_overlap=True, max_start=192, later_share=1.0)
+    latents, starts = torch.zeros(4, 1, 15, 2, 2), torch.zeros(4, dtype=torch.long)
+    with pytest.raises(ConfigError, match="none of the 4 windows does: raise --dataset-windows"):
+        segment_batch(latents, None, starts, cfg, 5, torch.arange(9), torch.Generator().manual_seed(0))
+    starts[1:] = 16  # with some, a batch is all later windows, after no sink here: their own positions from 5
+    idx, x0, positions, ids = segment_batch(latents, None, starts, cfg, 5, torch.arange(9),
+                                            torch.Generator().manual_seed(0))
+    assert (starts[idx] == 16).all() and positions[0].tolist() == list(range(5, 20))
+
+
 def test_recycled_history_reencodes_segment_starts_as_the_pipeline_does():
     """`kinegen train ar --relink-recycle P`: a later segment's image latent in a recycled history is its previous
     segment's last frame decoded and encoded again, exactly what the pipeline commits there (`_relink`), one

@@ -61,7 +61,7 @@ Two more things bring training closer to inference:
   segments are history only (:func:`history_only_frames`): every segment it trains then follows one in the cache,
   as at inference, instead of the sink alone; ``later_share`` sets how often a batch is of later windows (each
   later start is otherwise about 4% of the windows, against half from frame 0, while most of a long video is
-  generated after frame 48).
+  generated after frame 48). Tried together in stage 2; neither is in the shipped model.
 - **Noisy context** (``context_noise``, teacher forcing only): the clean copy is noised to this level,
   ``(1 - s) x_0 + s e`` at timestep ``1000 s``, as the exported pipeline (whose ``context_noise`` it sets) commits
   chunks; the model learns to continue from history whose fine detail it cannot trust.
@@ -250,6 +250,11 @@ def segment_batch(latents, sinks, starts, cfg: ARTrainConfig, segment_latents: i
     share = later.float().mean() if cfg.later_share is None else cfg.later_share
     use_later = bool(torch.rand((), generator=gen) < share)
     pool = torch.nonzero(later == use_later)[:, 0]
+    if len(pool) == 0:
+        raise ConfigError(f"--later-share {cfg.later_share} asks for batches of windows that start "
+                          f"{'later in the video' if use_later else 'at frame 0'}, but none of the "
+                          f"{len(starts)} windows does: raise --dataset-windows, or bring --offset-prob away from 0 "
+                          "and 1.")
     idx = pool[torch.randint(len(pool), (cfg.batch_size,), generator=gen)]
     x0 = latents[idx]
     first = starts[idx] // segment_stride(cfg) * segment_latents  # the window's first latent frame in the video
@@ -273,10 +278,10 @@ def relinked_frames(frames: int, segment_latents: int, after_sink: bool) -> torc
 def history_only_frames(frames: int, segment_latents: int, segments: int, after_sink: bool) -> torch.Tensor:
     """Bool ``[frames]``: the latent frames of a batch of later windows (:func:`segment_batch`; with
     ``after_sink`` the sink first) that are history only with ``later_history_segments``: the window's first
-    ``segments`` segments. Each segment
-    trained after them then has the segment before it in its history, as every segment after the first has at
-    inference; without them a later window's first segment is trained after the sink alone, a history the
-    rolling cache never holds there (benchmarks/autoregressive.md, "The real video as history")."""
+    ``segments`` segments. Each segment trained after them then has the segment before it in its history, as every
+    segment after the first has at inference; without them a later window's first segment is trained after the sink
+    alone, a history the rolling cache never holds there (benchmarks/autoregressive.md, "Later windows after a
+    segment of history": tried with ``later_share`` 0.7, not shipped)."""
     j = torch.arange(frames) - int(after_sink)  # latent frame within the window (-1: the sink)
     return (j >= 0) & (j < segments * segment_latents)
 

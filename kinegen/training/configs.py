@@ -67,7 +67,7 @@ class ARTrainConfig:
     relink_weight: float = 1.0  # segment_overlap: the loss weight of later segments' image latents (with relink_loss)
     relink_recycle: float = 0.0  # share of recycled windows whose segment starts are re-encoded from them (0: none)
     later_history_segments: int = 0  # segments: a later window's first N segments are history only, with no loss
-    later_share: float | None = None  # segments: share of batches of later windows (None: as the data has them)
+    later_share: float | None = None  # segments: share of batches of later windows (unset: as the data has them)
     teacher_forcing: bool = True  # each chunk denoised against the clean chunks before it, as the sampler runs
     clean_prob: float = 0.25  # without teacher forcing: share of chunks given no noise (clean history)
     cache_layout: bool = True  # train later windows after the sink at position 0, as the rolling cache holds them
