@@ -56,6 +56,10 @@ class GenerationRequest:
     seed: int = 0
     true_cfg_scale: float | None = None
     image: Any = None  # input image for editing models (PIL.Image or a path)
+    # the KV cache of a chunk-by-chunk model, in latent frames (None: the model's own): the rolling window, sinks
+    # included, or "global" for every frame; and the sink (the first frames, kept for ever)
+    window_frames: int | str | None = None
+    sink_frames: int | None = None
 
     def __post_init__(self):
         _check_model_free(self)
@@ -116,6 +120,13 @@ def _check_model_free(r: GenerationRequest) -> None:
         v = getattr(r, name)
         if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v <= 100):  # nan too
             raise InvalidRequestError(f"{name} must be a number between 0 and 100; got {v!r}.")
+    if r.window_frames is not None and r.window_frames != "global" and (
+            not _is_int(r.window_frames) or not 1 <= r.window_frames <= MAX_FRAMES):
+        raise InvalidRequestError(f"window_frames must be a number of latent frames between 1 and {MAX_FRAMES}, or "
+                                  f"\"global\" (keep every frame); got {r.window_frames!r}.")
+    if r.sink_frames is not None and (not _is_int(r.sink_frames) or not 0 <= r.sink_frames <= MAX_FRAMES):
+        raise InvalidRequestError(f"sink_frames must be a number of latent frames between 0 and {MAX_FRAMES}; "
+                                  f"got {r.sink_frames!r}.")
     if not _is_int(r.seed) or not 0 <= r.seed < 2**63:
         raise InvalidRequestError(f"seed must be an integer between 0 and 2**63 - 1; got {r.seed!r}.")
     if r.image is not None and not isinstance(r.image, (str, os.PathLike)):
@@ -197,6 +208,12 @@ def _fill_and_check(spec: ModelSpec, adapter: ModelAdapter, pipe, request: Gener
     if r.true_cfg_scale is not None and adapter.cfg_mode != "distilled":
         raise InvalidRequestError(f"true_cfg_scale applies to guidance-distilled models (FLUX, HunyuanVideo); "
                                   f"for {spec.name} use --guidance.")
+    cache = [name for name in ("window_frames", "sink_frames") if getattr(r, name) is not None]
+    if cache and not adapter.kv_window:
+        flags = " and ".join(f"--{n.replace('_', '-')}" for n in cache)
+        raise InvalidRequestError(f"{' and '.join(cache)} set{'s' if len(cache) == 1 else ''} the KV cache of a "
+                                  f"chunk-by-chunk model with a rolling window (family wan_ar, e.g. "
+                                  f"kinegen-shapes-ar); {spec.name} has none: drop {flags}.")
     if r.image is not None:
         if not adapter.takes_image:
             raise InvalidRequestError(f"{spec.name} does not take an input image; drop --image.")

@@ -500,6 +500,39 @@ def test_an_autoregressive_model_runs_through_kinegen_like_any_other(tmp_path, c
     assert "try num_frames 17 or 25" in capsys.readouterr().err and not (tmp_path / "bad.mp4").exists()
 
 
+def test_the_kv_window_is_a_request_setting(tmp_path, capsys):
+    """``window_frames`` / ``sink_frames`` (``--window-frames`` / ``--sink-frames``) set the cache of one run: a
+    window of 3 holds 3 latent frames once full where the model's own (5) holds 5, and changes the video; bad values
+    and models without a rolling window are refused before anything runs, naming what to do."""
+    from kinegen.cli import main
+
+    pipe = kinegen.load_pipeline("tiny-wan-ar")  # sink 1, window 5, chunks of 2
+    own = kinegen.generate(pipe, "a red circle", seed=1, frames=33)
+    small = kinegen.generate(pipe, "a red circle", seed=1, frames=33, window_frames=3)
+    assert [len(c["cached_frames"]) for c in own.chunks][-1] == 5
+    assert [len(c["cached_frames"]) for c in small.chunks][-2:] == [3, 3]
+    assert small.chunks[-1]["cached_frames"][0] == 0  # the sink stays
+    assert small.chunks[-1]["kv_bytes"] == own.chunks[-1]["kv_bytes"] * 3 // 5
+    assert not np.allclose(small.frames, own.frames)
+    every = kinegen.generate(pipe, "a red circle", seed=1, frames=33, window_frames="global", sink_frames=0)
+    assert every.chunks[-1]["cached_frames"] == list(range(9))  # every latent frame, once the last is committed
+    with pytest.raises(InvalidRequestError, match="smaller than a chunk \\(2 frames\\).*try 2 or more"):
+        kinegen.prepare(pipe, "a red circle", frames=33, window_frames=1, sink_frames=0)
+    with pytest.raises(InvalidRequestError, match="must be larger than sink_frames"):
+        kinegen.prepare(pipe, "a red circle", frames=33, window_frames=3, sink_frames=3)
+    with pytest.raises(InvalidRequestError, match="window_frames must be a number of latent frames"):
+        kinegen.GenerationRequest("a red circle", window_frames="all")
+    with pytest.raises(InvalidRequestError, match="tiny-wan has none: drop --window-frames"):
+        kinegen.prepare(kinegen.load_pipeline("tiny-wan"), "a red circle", frames=9, window_frames=3)
+    out = tmp_path / "v.mp4"
+    assert main(["generate", "a red circle", "--model", "tiny-wan-ar", "--frames", "17", "--window-frames", "3",
+                 "--sink-frames", "0", "-o", str(out)]) == 0
+    assert out.is_file()
+    assert main(["generate", "a red circle", "--model", "tiny-wan-ar", "--frames", "17", "--window-frames", "1",
+                 "--sink-frames", "0", "-o", str(tmp_path / "bad.mp4")]) == 2
+    assert "try 2 or more" in capsys.readouterr().err and not (tmp_path / "bad.mp4").exists()
+
+
 def test_diffusion_forcing_trains_resumes_and_exports_a_causal_pipeline(tmp_path):
     """`kinegen train ar` on a tiny budget: per-chunk noise levels (some chunks clean), the run resumes from its
     checkpoint, and the export is a WanAutoregressivePipeline folder that loads and generates with its chunk

@@ -96,6 +96,8 @@ class ModelAdapter:
             on a (frames, height, width) grid and one SDPA call over the whole sequence.
         autoregressive: the pipeline generates chunk by chunk against a KV cache; only accelerators that require
             ``autoregressive`` apply (step caches and whole-sequence sparse attention assume one denoising loop).
+        kv_window: an autoregressive pipeline whose KV cache keeps a sink and a rolling window that a call can set
+            (``window_frames``, ``sink_frames``; Kinegen's ``WanAutoregressivePipeline``).
     """
 
     name: str
@@ -114,6 +116,7 @@ class ModelAdapter:
     latent_format: str = "BCFHW"
     sparse_attention: bool = False
     autoregressive: bool = False
+    kv_window: bool = False
 
     # -- driving the pipeline -----------------------------------------------------------
 

@@ -58,6 +58,17 @@ class WanAutoregressiveAdapter(WanAdapter):
 
     def check_request(self, pipe, request) -> None:
         pipe.check_frames(request.frames)  # the frames must split into the pipeline's chunks
+        from ..errors import ConfigError, InvalidRequestError
+
+        try:  # the sink fits the window and a chunk fits in it
+            pipe.cache_config(request.sink_frames, request.window_frames)
+        except ConfigError as e:
+            raise InvalidRequestError(str(e)) from None
+
+    def call_kwargs(self, request) -> dict:
+        kw = super().call_kwargs(request)
+        kw.update({k: getattr(request, k) for k in ("window_frames", "sink_frames") if getattr(request, k) is not None})
+        return kw
 
 
 WAN_AR = WanAutoregressiveAdapter(
@@ -65,4 +76,5 @@ WAN_AR = WanAutoregressiveAdapter(
     cfg_calls="batched", transformer_class="WanTransformer3DModel", block_lists=("blocks",),
     self_attention={"blocks": "attn1"},
     cross_attention={"blocks": "attn2"}, text_mode="cross", text_position="none", autoregressive=True,
+    kv_window=True,
 )

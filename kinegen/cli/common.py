@@ -30,6 +30,21 @@ def add_generation_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--true-cfg-scale", type=float, metavar="S",
                    help="true classifier-free guidance for guidance-distilled models (FLUX, HunyuanVideo)")
     g.add_argument("--image", metavar="PATH", help="input image for editing models (FLUX Kontext)")
+    g.add_argument("--window-frames", type=window_arg, metavar="N|global",
+                   help="chunk-by-chunk models (wan_ar): latent frames the KV cache keeps, sinks included, or "
+                        "'global' for every frame (memory then grows with the video)")
+    g.add_argument("--sink-frames", type=int, metavar="N",
+                   help="chunk-by-chunk models (wan_ar): the first latent frames, kept in the cache for ever")
+
+
+def window_arg(text: str) -> int | str:
+    """``--window-frames``: a number of latent frames or ``global``."""
+    if text == "global":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number of latent frames or 'global'; got {text!r}") from None
 
 
 def add_loading_flags(p: argparse.ArgumentParser) -> None:
@@ -88,7 +103,8 @@ def bool_arg(text: str) -> bool:
 def request_fields(args) -> dict:
     """The generation-settings flags as :class:`kinegen.generation.GenerationRequest` fields."""
     return dict(negative_prompt=args.negative_prompt, height=args.height, width=args.width, frames=args.frames,
-                steps=args.steps, guidance=args.guidance, true_cfg_scale=args.true_cfg_scale, image=args.image)
+                steps=args.steps, guidance=args.guidance, true_cfg_scale=args.true_cfg_scale, image=args.image,
+                window_frames=args.window_frames, sink_frames=args.sink_frames)
 
 
 def load(args, resolved=None):

@@ -28,7 +28,8 @@ _GAN_ONLY = ("class_labels", "--class"), ("num_images", "--num-images"), ("trunc
 _TEXT_ONLY = ("cache", "--cache"), ("attention", "--attention"), ("heatmap", "--heatmap"), \
     ("negative_prompt", "--negative-prompt"), ("height", "--height"), ("width", "--width"), \
     ("frames", "--frames"), ("steps", "--steps"), ("guidance", "--guidance"), \
-    ("true_cfg_scale", "--true-cfg-scale"), ("image", "--image"), ("parallel", "--parallel")
+    ("true_cfg_scale", "--true-cfg-scale"), ("image", "--image"), ("parallel", "--parallel"), \
+    ("window_frames", "--window-frames"), ("sink_frames", "--sink-frames")
 _GAN_DEFAULTS = {"num_images": 16, "truncation": 1.0, "upscale": 4}
 
 # The accelerators by kind, as `kinegen.accelerators.catalog.list_accelerators` lists them. Written out so that
@@ -172,6 +173,7 @@ def _run(args, stack: contextlib.ExitStack) -> int:
     summary = {
         "output": str(output), "model": spec.name, "kind": result.kind, "frames": int(result.frames.shape[0]),
         "height": r.height, "width": r.width, "steps": r.steps, "guidance": r.guidance, "seed": r.seed,
+        **({k: getattr(r, k) for k in ("window_frames", "sink_frames") if getattr(r, k) is not None}),
         "timings_s": {"load": load_s, **{k: v for k, v in t.items() if k != "transformer_calls"}, "write": write_s},
         "transformer_calls": t["transformer_calls"], "accelerators": result.accelerators,
         "warnings": result.warnings,

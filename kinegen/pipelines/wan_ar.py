@@ -343,6 +343,25 @@ class WanAutoregressivePipeline(WanPipeline):
             return sum(self.check_frames(num_frames))
         return (num_frames - 1) // self.vae_scale_factor_temporal + 1
 
+    def cache_config(self, sink_frames: int | None = None, window_frames: int | str | None = None,
+                     chunk_frames: int | None = None) -> KVCacheConfig:
+        """The KV cache a call with these settings keeps (None = the configuration; ``window_frames="global"``: every
+        frame); a clear error when the sink does not fit the window or the window holds no whole chunk."""
+        st = self._settings(sink_frames=sink_frames, window_frames=window_frames, chunk_frames=chunk_frames)
+        window = st["window_frames"]
+        if window == GLOBAL_CACHE:
+            window = None
+        elif window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ConfigError(f"window_frames is a number of latent frames (1 or more) or {GLOBAL_CACHE!r} (keep every "
+                              f"frame); got {window!r}.")
+        if isinstance(st["sink_frames"], bool) or not isinstance(st["sink_frames"], int):
+            raise ConfigError(f"sink_frames is a number of latent frames (0 or more); got {st['sink_frames']!r}.")
+        config = KVCacheConfig(sink_frames=st["sink_frames"], window_frames=window)  # the sink must fit the window
+        if window is not None and window < st["chunk_frames"]:
+            raise ConfigError(f"window_frames ({window}) is smaller than a chunk ({st['chunk_frames']} frames); the "
+                              f"window must hold at least one whole chunk: try {st['chunk_frames']} or more.")
+        return config
+
     def check_frames(self, num_frames: int, chunk_frames: int | None = None,
                      first_chunk_frames: int | None = None) -> list[int]:
         """The chunk partition of ``num_frames`` video frames; a clear error when they do not split into chunks."""
@@ -422,12 +441,8 @@ class WanAutoregressivePipeline(WanPipeline):
         st = self._settings(chunk_frames=chunk_frames, first_chunk_frames=first_chunk_frames,
                             sink_frames=sink_frames, window_frames=window_frames, context_noise=context_noise)
         _check_context_noise(st["context_noise"])
-        if st["window_frames"] == GLOBAL_CACHE:
-            st["window_frames"] = None
-        cache_config = KVCacheConfig(sink_frames=st["sink_frames"], window_frames=st["window_frames"])
-        if st["window_frames"] is not None and st["window_frames"] < st["chunk_frames"]:
-            raise ConfigError(f"window_frames ({st['window_frames']}) is smaller than a chunk ({st['chunk_frames']} "
-                              "frames); the window must hold at least one whole chunk.")
+        cache_config = self.cache_config(st["sink_frames"], st["window_frames"], st["chunk_frames"])
+        st["window_frames"] = cache_config.window_frames
         partition = self.check_frames(num_frames, st["chunk_frames"], st["first_chunk_frames"])
         schedule = _prompt_schedule(prompt, len(partition))
         h, w = height // self.vae_scale_factor_spatial, width // self.vae_scale_factor_spatial
