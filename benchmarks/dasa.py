@@ -255,8 +255,8 @@ def cmd_rollouts(args) -> dict:
     if distilled is not None:
         settings["distilled-reuse"] = f"{args.distilled} with {DASA_SETTINGS['dasa-reuse']}"
     return {"model": args.model, "distilled": args.distilled, "split": args.split, "prompts": args.prompts,
-            "frames": args.frames, "steps": steps, "guidance": guidance, "size": size, "settings": settings,
-            "table": table, "videos": records}
+            "frames": args.frames, "steps": steps, "guidance": guidance, "size": size, **_cache_of(pipe),
+            "settings": settings, "table": table, "videos": records}
 
 
 def cmd_sweep(args) -> dict:
@@ -292,7 +292,12 @@ def cmd_sweep(args) -> dict:
                                          "psnr_db", "ssim", "computed_share"))
     return {"model": args.model, "distilled": args.distilled, "split": args.split, "prompts": args.prompts,
             "skip": args.skip, "frames": args.frames, "steps": steps, "guidance": guidance, "size": size,
-            "settings": settings, "table": table, "videos": records}
+            **_cache_of(pipe), "settings": settings, "table": table, "videos": records}
+
+
+def _cache_of(pipe) -> dict:
+    """The dense KV cache every setting of a run starts from (the model's configuration)."""
+    return {k: pipe.config.get(k) for k in ("sink_frames", "window_frames", "context_noise")}
 
 
 def latent_footprint(mask, f: int, segment: int, cell: int):
