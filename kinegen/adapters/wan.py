@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..errors import ConfigError, InvalidRequestError
 from .base import ModelAdapter, TokenLayout
 
 
@@ -58,8 +59,6 @@ class WanAutoregressiveAdapter(WanAdapter):
 
     def check_request(self, pipe, request) -> None:
         pipe.check_frames(request.frames)  # the frames must split into the pipeline's chunks
-        from ..errors import ConfigError, InvalidRequestError
-
         try:  # the sink fits the window and a chunk fits in it
             pipe.cache_config(request.sink_frames, request.window_frames)
         except ConfigError as e:
